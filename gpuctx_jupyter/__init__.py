@@ -1,0 +1,21 @@
+"""gpuctx: the GPU as a visible, switchable, ready resource inside Jupyter.
+
+This module only holds the entry points; nothing here touches NVML, CUDA or a framework.
+"""
+from ._version import __version__
+
+__all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension"]
+
+
+def load_ipython_extension(ip):
+    """`%load_ext gpuctx`: register the magics and the per-cell hooks (twice is harmless)."""
+    from .extension import load
+
+    load(ip)
+
+
+def unload_ipython_extension(ip):
+    """`%unload_ext gpuctx`: remove every magic, hook and import hook that loading added."""
+    from .extension import unload
+
+    unload(ip)

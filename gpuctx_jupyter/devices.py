@@ -1,0 +1,295 @@
+"""The device model: which GPUs exist, which ones CUDA shows this process, and under which ordinal.
+
+Pure logic over plain dataclasses, so that every rule is testable without a GPU; reading the
+records from the driver lives in `nvml.py`. CUDA ordinals are not NVML indices: CUDA orders
+devices fastest first by default, and CUDA_VISIBLE_DEVICES hides and reorders them, so the
+mapping is worked out here from the same environment variables CUDA reads.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+FASTEST_FIRST = "FASTEST_FIRST"
+PCI_BUS_ID = "PCI_BUS_ID"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process NVML reports on a device; `pid` is a host PID, which differs inside containers."""
+
+    pid: int
+    used_memory: int | None  # bytes; None where the driver does not say (e.g. WDDM)
+    kind: str  # "compute" or "graphics"
+
+
+@dataclass(frozen=True)
+class GpuRecord:
+    """One NVML snapshot of a physical GPU or a MIG instance; fields NVML cannot give are None."""
+
+    nvml_index: int  # nvidia-smi's index (for a MIG instance: its parent's)
+    uuid: str  # "GPU-…" or "MIG-…"
+    name: str
+    pci_bus_id: str = ""  # "00000000:65:00.0", upper-case hex
+    compute_capability: tuple[int, int] | None = None
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None
+    utilization: int | None = None  # percent
+    temperature: int | None = None  # °C
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    mig_enabled: bool = False
+    mig_parent: str | None = None  # parent GPU uuid, for a MIG instance
+    mig_index: int | None = None
+    persistence_mode: bool | None = None
+    error: str | None = None  # why the device could not be read in full (e.g. the GPU is lost)
+
+    @property
+    def memory_free(self) -> int | None:
+        if self.memory_total is None or self.memory_used is None:
+            return None
+        return self.memory_total - self.memory_used
+
+
+@dataclass(frozen=True)
+class VisibleDevice:
+    """A device as this process's CUDA sees it: `ordinal` is what torch, cupy and jax call it."""
+
+    ordinal: int
+    record: GpuRecord
+
+
+@dataclass(frozen=True)
+class Visibility:
+    """What CUDA will show this process, and the reasons when that differs from what exists."""
+
+    devices: tuple[VisibleDevice, ...]
+    cuda_visible_devices: str | None  # the raw value; None when unset
+    device_order: str  # FASTEST_FIRST or PCI_BUS_ID
+    notes: tuple[str, ...]  # sentences for a person: dropped entries, estimates, unusable GPUs
+
+    @property
+    def empty_reason(self) -> str | None:
+        """Why no GPU is visible, if none is; the magics show it instead of an empty list."""
+        if self.devices:
+            return None
+        value = self.cuda_visible_devices
+        if value is None:
+            return "no GPU that CUDA can use was found on this machine"
+        if value == "":
+            return "CUDA_VISIBLE_DEVICES is set to an empty string, which hides every GPU"
+        if not value.strip():
+            return f"CUDA_VISIBLE_DEVICES is set to blanks ({value!r}), which hides every GPU"
+        first = value.split(",")[0].strip()
+        return (
+            f"CUDA_VISIBLE_DEVICES={value!r} hides every GPU: "
+            f"its first entry {first!r} is not a usable device"
+        )
+
+
+class SpecError(ValueError):
+    """A device spec the user typed that names no single visible device; the message says what to do."""
+
+
+def cuda_enumeration(records: Sequence[GpuRecord], device_order: str) -> list[GpuRecord]:
+    """The devices CUDA enumerates, in CUDA's order, before CUDA_VISIBLE_DEVICES applies.
+
+    PCI_BUS_ID sorts by PCI bus id (NVML index where that is unknown), which is nvidia-smi's order.
+    FASTEST_FIRST, CUDA's default, ranks by a performance estimate that cannot be read without
+    initialising CUDA; this approximates it by higher compute capability first, then bus id. That
+    is exact for identical GPUs; for mixed ones the magics check the result against the
+    framework's UUIDs once CUDA is up. A GPU in MIG mode is replaced by its MIG instances in
+    mig_index order (CUDA cannot use the GPU itself, so one without instances drops out).
+    """
+    if device_order not in (FASTEST_FIRST, PCI_BUS_ID):
+        raise ValueError(f"device_order must be {FASTEST_FIRST} or {PCI_BUS_ID}, not {device_order!r}")
+
+    def by_bus(r: GpuRecord) -> tuple:
+        return (not r.pci_bus_id, r.pci_bus_id, r.nvml_index)
+
+    def fastest(r: GpuRecord) -> tuple:
+        cc = r.compute_capability
+        return ((1, 0, 0) if cc is None else (0, -cc[0], -cc[1])) + by_bus(r)
+
+    gpus = sorted(
+        (r for r in records if r.mig_parent is None),
+        key=by_bus if device_order == PCI_BUS_ID else fastest,
+    )
+    order: list[GpuRecord] = []
+    for gpu in gpus:
+        if not gpu.mig_enabled:
+            order.append(gpu)
+            continue
+        instances = [r for r in records if r.mig_parent == gpu.uuid]
+        order.extend(sorted(instances, key=lambda r: (r.mig_index is None, r.mig_index or 0)))
+    return order
+
+
+def resolve_visibility(records: Sequence[GpuRecord], env: Mapping[str, str]) -> Visibility:
+    """Apply CUDA_DEVICE_ORDER and CUDA_VISIBLE_DEVICES from `env` as CUDA would at its start-up.
+
+    CUDA_VISIBLE_DEVICES entries are indices into CUDA's enumeration, or GPU-/MIG- UUIDs or unique
+    prefixes (case-insensitive). At the first entry that names no device (garbage, a negative or
+    out-of-range index, an unknown or ambiguous UUID, a repeat), CUDA stops: the devices before it
+    stay visible and the rest are dropped, which a note explains. The legacy
+    `MIG-GPU-<uuid>/<gi>/<ci>` form is not resolved and is treated as such an entry.
+    """
+    notes: list[str] = []
+    raw_order = env.get("CUDA_DEVICE_ORDER")
+    order = (raw_order or FASTEST_FIRST).strip().upper()
+    if order not in (FASTEST_FIRST, PCI_BUS_ID):
+        notes.append(
+            f"CUDA_DEVICE_ORDER={raw_order!r} is neither FASTEST_FIRST nor PCI_BUS_ID: "
+            "CUDA uses its default, FASTEST_FIRST"
+        )
+        order = FASTEST_FIRST
+
+    gpus = [r for r in records if r.mig_parent is None]
+    for gpu in gpus:
+        if gpu.mig_enabled and not any(r.mig_parent == gpu.uuid for r in records):
+            notes.append(
+                f"GPU {gpu.nvml_index} ({gpu.name}) is in MIG mode with no MIG instance: "
+                "CUDA cannot use it until one is created"
+            )
+    kinds = {(r.name, r.compute_capability) for r in gpus if r.error is None}
+    if order == FASTEST_FIRST and len(kinds) > 1:
+        notes.append(
+            "the GPUs differ, so CUDA's fastest-first order is estimated here; set "
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID before CUDA starts to make ordinals follow nvidia-smi"
+        )
+
+    enumeration = cuda_enumeration(records, order)
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    chosen = enumeration if value is None else _apply_visible_devices(value, enumeration, notes)
+    return Visibility(
+        devices=tuple(VisibleDevice(i, r) for i, r in enumerate(chosen)),
+        cuda_visible_devices=value,
+        device_order=order,
+        notes=tuple(notes),
+    )
+
+
+def _apply_visible_devices(
+    value: str, enumeration: list[GpuRecord], notes: list[str]
+) -> list[GpuRecord]:
+    """The devices a CUDA_VISIBLE_DEVICES value keeps, in its order; explains a truncation in notes."""
+    chosen: list[GpuRecord] = []
+    if not value.strip():
+        return chosen
+    for entry in (e.strip() for e in value.split(",")):
+        record, note = _match_entry(entry, enumeration, chosen)
+        if record is None:
+            notes.append(note)
+            break
+        chosen.append(record)
+    return chosen
+
+
+def _match_entry(
+    entry: str, enumeration: list[GpuRecord], chosen: list[GpuRecord]
+) -> tuple[GpuRecord | None, str]:
+    """The device one CUDA_VISIBLE_DEVICES entry names, or None and a note on why it names none."""
+
+    def dropped(why: str) -> tuple[None, str]:
+        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} {why}: CUDA ignores it and every entry after it"
+
+    upper = entry.upper()
+    if re.fullmatch(r"[0-9]+", entry):
+        if int(entry) >= len(enumeration):
+            return dropped(f"is out of range: CUDA sees {_count(len(enumeration))}")
+        record = enumeration[int(entry)]
+    elif re.fullmatch(r"-[0-9]+", entry):
+        return dropped("is a negative index")
+    elif upper.startswith("MIG-GPU-"):
+        return None, (
+            f"CUDA_VISIBLE_DEVICES entry {entry!r} uses the legacy MIG-GPU-<uuid>/<gi>/<ci> form, "
+            "which gpuctx does not resolve, so it is shown hiding itself and every entry after it: "
+            "use the MIG-<uuid> that `nvidia-smi -L` prints"
+        )
+    elif upper.startswith(("GPU-", "MIG-")):
+        matches = [r for r in enumeration if r.uuid.upper().startswith(upper)]
+        if not matches:
+            return dropped("matches no device UUID that CUDA can use")
+        if len(matches) > 1:
+            return dropped(f"is ambiguous: it is a prefix of {len(matches)} device UUIDs")
+        record = matches[0]
+    else:
+        return dropped("is not a device: neither an index nor a GPU-/MIG- UUID")
+    if any(record is c for c in chosen):
+        return dropped("repeats a device listed before it")
+    return record, ""
+
+
+def _count(n: int) -> str:
+    return "no device" if n == 0 else f"{n} device{'s' if n > 1 else ''} (0-{n - 1})"
+
+
+_SPEC_HELP = "use an ordinal like 1, cuda:1, a GPU UUID, a name fragment or auto"
+
+
+def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
+    """The visible device that a user's spec (`%gpu use …`, `%%on_gpu …`) names.
+
+    Accepts a CUDA ordinal (`1`, `cuda:1`, `cuda` meaning 0), a GPU-/MIG- UUID or unique prefix,
+    a fragment of exactly one device's name (`h200`), or `auto`: the most free memory, ties to the
+    lowest ordinal. Ordinals, not NVML indices, because they are what the user's framework uses.
+    """
+    text = spec.strip()
+    key = text.lower()
+    if not devices:
+        raise SpecError("no GPU is visible")
+    if key == "auto":
+        return min(devices, key=_auto_rank)
+
+    ordinal = re.fullmatch(r"(?:cuda:)?([0-9]+)|cuda", key)
+    if ordinal:
+        wanted = int(ordinal.group(1) or 0)
+        for device in devices:
+            if device.ordinal == wanted:
+                return device
+        raise SpecError(
+            f"GPU {wanted} is not visible: this kernel sees {_ordinals(devices)} "
+            "(use one of those ordinals, or `%gpu list`)"
+        )
+
+    if key.startswith(("gpu-", "mig-")):
+        matches = [d for d in devices if d.record.uuid.lower().startswith(key)]
+        if len(matches) > 1:
+            raise SpecError(
+                f"{text!r} matches {len(matches)} GPUs ({_listed(matches)}): "
+                "give a longer UUID prefix or an ordinal"
+            )
+        if not matches:
+            listing = ", ".join(f"{d.ordinal} {d.record.uuid}" for d in devices)
+            raise SpecError(f"{text!r} matches no visible GPU (visible: {listing})")
+        return matches[0]
+
+    if key.startswith("cuda") or not re.search(r"[a-z]", key):
+        raise SpecError(f"{text!r} is not a device spec: {_SPEC_HELP}")
+    matches = [d for d in devices if key in d.record.name.lower()]
+    if len(matches) > 1:
+        raise SpecError(f"{text!r} matches {len(matches)} GPUs ({_listed(matches)}): give an ordinal or a UUID")
+    if not matches:
+        listing = ", ".join(f"{d.ordinal} {d.record.name}" for d in devices)
+        raise SpecError(f"{text!r} matches no visible GPU (visible: {listing})")
+    return matches[0]
+
+
+def _auto_rank(device: VisibleDevice) -> tuple:
+    free = device.record.memory_free
+    return (free is None, -(free or 0), device.ordinal)
+
+
+def _listed(devices: Sequence[VisibleDevice]) -> str:
+    return ", ".join(str(d.ordinal) for d in devices)
+
+
+def _ordinals(devices: Sequence[VisibleDevice]) -> str:
+    ordinals = sorted(d.ordinal for d in devices)
+    if len(ordinals) == 1:
+        return f"GPU {ordinals[0]}"
+    if ordinals == list(range(ordinals[0], ordinals[-1] + 1)):
+        return f"GPUs {ordinals[0]}-{ordinals[-1]}"
+    return "GPUs " + ", ".join(map(str, ordinals))

@@ -1,0 +1,137 @@
+"""`%gpu doctor`: every check that explains "why is my GPU not used / slow / wrong", with the fix."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+from dataclasses import dataclass
+
+from . import frameworks as fws
+from . import nvml
+from .inventory import Inventory
+from .render import Report, Section
+
+OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
+_MARK = {OK: "✓", INFO: "·", WARN: "!", ERROR: "✗"}
+
+
+@dataclass
+class Finding:
+    level: str
+    topic: str
+    detail: str
+    advice: str = ""
+
+
+def _version_tuple(v: str | None) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in str(v).split(".")[:2])
+    except (TypeError, ValueError):
+        return None
+
+
+def _nvml_findings(inv: Inventory) -> list[Finding]:
+    if inv.nvml_error:
+        return [Finding(ERROR, "NVML", inv.nvml_error,
+                        "run on a machine with an NVIDIA GPU and driver; in a container, start it with the GPU "
+                        "passed through (docker --gpus all, or the NVIDIA container toolkit)")]
+    driver, cuda = nvml.driver_version(), nvml.cuda_driver_version()
+    out = [Finding(OK, "NVML", f"driver {driver}, supports CUDA up to {cuda}; {len(inv.records)} GPU record(s)")]
+    for r in inv.records:
+        if r.error:
+            out.append(Finding(ERROR, f"GPU {r.nvml_index}", f"{r.name or r.uuid}: {r.error}",
+                               "the GPU fell off the bus or the driver lost it: check `nvidia-smi` and the "
+                               "kernel log; a reboot or a driver reload usually brings it back"))
+        if r.persistence_mode is False and not r.mig_parent:
+            out.append(Finding(WARN, f"GPU {r.nvml_index}", "persistence mode is off: every CUDA start-up pays "
+                               "driver initialisation again", "enable it with `sudo nvidia-smi -pm 1`"))
+        if r.mig_enabled and not r.mig_parent:
+            out.append(Finding(INFO, f"GPU {r.nvml_index}", "MIG mode is on: CUDA sees MIG instances, not the "
+                               "whole GPU", "pick an instance with CUDA_VISIBLE_DEVICES=MIG-<uuid> before start-up"))
+    return out
+
+
+def _torch_findings(inv: Inventory) -> list[Finding]:
+    torch = fws.TORCH
+    if not torch.loaded():
+        if not torch.installed():
+            return [Finding(INFO, "torch", "not installed", "install a CUDA build of torch to use the GPU from PyTorch")]
+        return [Finding(INFO, "torch", "installed, not imported yet (checks below cover loaded frameworks only)")]
+    mod = torch.mod
+    built = getattr(mod.version, "cuda", None)
+    if not built:
+        return [Finding(WARN if inv.devices else INFO, "torch", f"{mod.__version__} is a CPU-only build",
+                        "install a CUDA build of torch that matches your driver to use the GPU")]
+    out = [Finding(OK, "torch", f"{mod.__version__}, built for CUDA {built}")]
+    supported = _version_tuple(nvml.cuda_driver_version()) if not inv.nvml_error else None
+    if supported and (_version_tuple(built) or (0,)) > supported:
+        out.append(Finding(ERROR, "torch", f"built for CUDA {built}, but the driver supports only up to "
+                           f"{'.'.join(map(str, supported))}",
+                           f"upgrade the NVIDIA driver, or install a torch build for CUDA {'.'.join(map(str, supported))} or older"))
+    if torch.initialized():
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
+        if method == "fork":
+            out.append(Finding(WARN, "multiprocessing", "CUDA is initialised and the start method is 'fork': a forked "
+                               "child cannot use CUDA ('Cannot re-initialize CUDA in forked subprocess')",
+                               "use multiprocessing.set_start_method('spawn') or "
+                               "DataLoader(..., multiprocessing_context='spawn'); workers that stay on the CPU are fine"))
+    return out
+
+
+def _visibility_findings(inv: Inventory) -> list[Finding]:
+    if inv.visibility is None:
+        return []
+    cvd = inv.visibility.cuda_visible_devices
+    shown = ", ".join(f"cuda:{d.ordinal}=nvidia-smi {d.record.nvml_index}" for d in inv.devices) or "nothing"
+    level = OK if inv.devices else WARN
+    what = "unset" if cvd is None else repr(cvd)
+    out = [Finding(level, "CUDA_VISIBLE_DEVICES", f"{what} → {shown}" + (" (read from torch)" if inv.exact else ""),
+                   "" if inv.devices else (inv.visibility.empty_reason or "") + ": unset it or list a GPU, then restart the kernel")]
+    for note in inv.notes:
+        out.append(Finding(WARN, "CUDA_VISIBLE_DEVICES", note, "fix the variable, then restart the kernel"))
+    remapped = [d for d in inv.devices if d.ordinal != d.record.nvml_index]
+    if remapped and not inv.visibility.cuda_visible_devices:
+        out.append(Finding(INFO, "numbering", "CUDA ordinals differ from nvidia-smi's indices here ("
+                           + ", ".join(f"cuda:{d.ordinal} is nvidia-smi {d.record.nvml_index}" for d in remapped) + ")",
+                           "set CUDA_DEVICE_ORDER=PCI_BUS_ID before the kernel starts to make them agree; "
+                           "gpuctx always shows torch's number"))
+    return out
+
+
+def _count_findings(inv: Inventory) -> list[Finding]:
+    out = []
+    want = len(inv.devices)
+    for fw in fws.loaded():
+        reason = fw.gpu_reason()
+        if reason:
+            if inv.devices:
+                out.append(Finding(WARN, fw.name, reason))
+            continue
+        n = fw.device_count()
+        if n is not None and n != want:
+            out.append(Finding(WARN, fw.name, f"sees {n} device(s) where NVML and CUDA_VISIBLE_DEVICES give {want}",
+                               "CUDA_VISIBLE_DEVICES probably changed after this framework started: restart the kernel"))
+        else:
+            out.append(Finding(OK, fw.name, f"sees {n} device(s), current cuda:{fw.current()}"))
+    return out
+
+
+def diagnose(inv: Inventory) -> list[Finding]:
+    return (_nvml_findings(inv) + _visibility_findings(inv) + _torch_findings(inv) + _count_findings(inv)
+            + _env_findings())
+
+
+def _env_findings() -> list[Finding]:
+    order = os.environ.get("CUDA_DEVICE_ORDER")
+    if order and order.upper() not in ("FASTEST_FIRST", "PCI_BUS_ID"):
+        return [Finding(WARN, "CUDA_DEVICE_ORDER", f"{order!r} is not a value CUDA knows",
+                        "use FASTEST_FIRST (the default) or PCI_BUS_ID")]
+    return []
+
+
+def report(findings: list[Finding]) -> Report:
+    rows = [[_MARK[f.level], f.topic, f.detail + (f" → {f.advice}" if f.advice else "")] for f in findings]
+    worst = [f for f in findings if f.level in (WARN, ERROR)]
+    summary = "all checks passed" if not worst else f"{len(worst)} finding(s) need attention"
+    section = Section(f"gpuctx doctor: {summary}", ["", "check", "finding → what to do"], rows,
+                      marked={i for i, f in enumerate(findings) if f.level in (WARN, ERROR)})
+    return Report([section], data={"findings": [f.__dict__ for f in findings]})

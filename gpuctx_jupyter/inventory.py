@@ -1,0 +1,113 @@
+"""What this process can see: NVML's GPUs numbered by CUDA ordinal, and why nothing, if nothing.
+
+Before CUDA starts, ordinals are predicted from `CUDA_VISIBLE_DEVICES` and `CUDA_DEVICE_ORDER`.
+Once torch has started CUDA, its device UUIDs are the truth; a disagreement means the
+environment changed after start-up, which CUDA silently ignores, so we say so.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import frameworks as fws
+from . import nvml
+from .devices import GpuRecord, VisibleDevice, Visibility, resolve_visibility
+
+
+@dataclass
+class Inventory:
+    records: list[GpuRecord] = field(default_factory=list)  # every GPU NVML reports
+    visibility: Visibility | None = None
+    nvml_error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    exact: bool = False  # ordinals read from a started framework rather than predicted
+
+    @property
+    def devices(self) -> tuple[VisibleDevice, ...]:
+        return self.visibility.devices if self.visibility else ()
+
+    def by_ordinal(self, ordinal: int) -> VisibleDevice | None:
+        return next((d for d in self.devices if d.ordinal == ordinal), None)
+
+    def no_gpu_reason(self) -> str | None:
+        """One line saying why no GPU is visible here, or None when one is."""
+        if self.devices:
+            return None
+        if self.nvml_error:
+            why = f"NVML reports: {self.nvml_error}"
+        elif not self.records:
+            why = "NVML lists no NVIDIA GPU on this machine"
+        else:
+            why = (self.visibility.empty_reason if self.visibility else None) or "no GPU passes CUDA_VISIBLE_DEVICES"
+        torch_why = fws.TORCH.gpu_reason() if fws.TORCH.loaded() else None
+        if torch_why and "CPU-only" in torch_why:
+            why += f"; also, {torch_why}"
+        return why
+
+
+def take(env=None) -> Inventory:
+    """One NVML read (a few µs per field); never starts CUDA."""
+    env = os.environ if env is None else env
+    inv = Inventory()
+    try:
+        inv.records = nvml.read_records()
+    except nvml.NvmlUnavailable as exc:
+        inv.nvml_error = str(exc)
+        return inv
+    inv.visibility = resolve_visibility(inv.records, env)
+    inv.notes.extend(inv.visibility.notes)
+    truth = fws.TORCH.uuids() if fws.TORCH.loaded() else None
+    if truth:
+        _adopt_truth(inv, truth)
+    return inv
+
+
+def _adopt_truth(inv: Inventory, uuids: list[str]) -> None:
+    by_uuid = {r.uuid.upper(): r for r in inv.records}
+    devices = []
+    for ordinal, uuid in enumerate(uuids):
+        record = by_uuid.get(uuid.upper())
+        if record is None:
+            inv.notes.append(f"torch's cuda:{ordinal} ({uuid}) is not among NVML's devices")
+            continue
+        devices.append(VisibleDevice(ordinal, record))
+    predicted = [d.record.uuid.upper() for d in inv.visibility.devices]
+    if predicted != [d.record.uuid.upper() for d in devices]:
+        cvd = inv.visibility.cuda_visible_devices
+        shown = "(unset)" if cvd is None else repr(cvd)
+        inv.notes.append(
+            f"CUDA started with a different set of GPUs than CUDA_VISIBLE_DEVICES={shown} now gives: changing it after CUDA starts has "
+            "no effect; use `%gpu use N` to switch, or set it before the kernel starts and restart"
+        )
+    inv.visibility = Visibility(
+        devices=tuple(devices),
+        cuda_visible_devices=inv.visibility.cuda_visible_devices,
+        device_order=inv.visibility.device_order,
+        notes=inv.visibility.notes,
+    )
+    inv.exact = True
+
+
+def own_pids() -> set[int]:
+    """This process's PIDs as NVML may report them: our own, plus the outer ones from NSpid
+    where /proc shows them (NVML lists host PIDs; inside a PID namespace ours differ)."""
+    pids = {os.getpid()}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    pids.update(int(p) for p in line.split()[1:])
+    except OSError:
+        pass
+    return pids
+
+
+def process_memory(inv: Inventory, pids: set[int] | None = None) -> dict[int, int]:
+    """GPU memory NVML attributes to this process, by CUDA ordinal."""
+    pids = own_pids() if pids is None else pids
+    out = {}
+    for d in inv.devices:
+        used = [p.used_memory or 0 for p in d.record.processes if p.pid in pids]
+        if used:
+            out[d.ordinal] = sum(used)
+    return out

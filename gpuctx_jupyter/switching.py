@@ -1,0 +1,229 @@
+"""The kernel's device choice, and keeping every framework on it.
+
+`cudaSetDevice` is per host thread and torch's default device is thread-local, so a choice made
+in one cell must be re-applied in whatever thread runs the next one; frameworks imported after
+the choice must pick it up before their first GPU use. This module owns both mechanisms:
+a cheap per-cell check and a post-import hook.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from . import frameworks as fws
+
+WATCHED = {fw.module: fw for fw in fws.ALL}
+
+
+@dataclass
+class Choice:
+    ordinal: int
+    default: bool = False  # tensors created without a device land there too
+    source: str = "%gpu use"
+
+
+@dataclass
+class Applied:
+    """What one switch did, per framework: 'cuda:1', 'cuda:1 (when CUDA starts)', or why not."""
+
+    results: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+class Switcher:
+    """Holds the current choice (a stack: `%%on_gpu` pushes, `%gpu use` replaces the base)."""
+
+    def __init__(self):
+        self._stack: list[Choice] = []
+        self._lock = threading.RLock()
+        self._saved_torch_default: object = None
+        self._torch_default_owned = False
+
+    @property
+    def choice(self) -> Choice | None:
+        return self._stack[-1] if self._stack else None
+
+    def use(self, choice: Choice | None) -> Applied:
+        """Make `choice` the kernel's device from now on (None forgets it)."""
+        with self._lock:
+            base = self._stack[:1]
+            self._stack[:1] = [choice] if choice else []
+            if choice is None:
+                return self._apply_default(None) if base and base[0].default else Applied()
+            return self.apply_all()
+
+    def apply_all(self) -> Applied:
+        applied = Applied()
+        for fw in fws.loaded():
+            self._apply_one(fw, applied)
+        self._merge(self._apply_default(self.choice), applied)
+        return applied
+
+    def _apply_one(self, fw: fws.Framework, applied: Applied) -> None:
+        choice = self.choice
+        if choice is None:
+            return
+        reason = fw.gpu_reason()
+        if reason:
+            applied.errors[fw.name] = reason
+            return
+        try:
+            fw.set_current(choice.ordinal)
+        except Exception as exc:  # a framework's own error must not break the switch of the others
+            applied.errors[fw.name] = f"{type(exc).__name__}: {exc}"
+            return
+        lazy = fw is fws.TORCH and not fw.initialized()
+        applied.results[fw.name] = f"cuda:{choice.ordinal}" + (" (from CUDA start-up)" if lazy else "")
+
+    def _apply_default(self, choice: Choice | None) -> Applied:
+        """torch's default device follows `--default`; CuPy, Numba and JAX always allocate on
+        the current device, so for them the switch itself is the default."""
+        applied = Applied()
+        torch = fws.TORCH
+        if not torch.loaded() or torch.gpu_reason():
+            return applied
+        if choice is not None and choice.default:
+            before = torch.set_default(choice.ordinal)
+            if not self._torch_default_owned:
+                self._saved_torch_default, self._torch_default_owned = before, True
+            applied.results["torch default"] = f"cuda:{choice.ordinal}"
+        elif self._torch_default_owned:
+            torch.set_default(None, previous=self._saved_torch_default)
+            self._saved_torch_default, self._torch_default_owned = None, False
+            applied.results["torch default"] = str(torch.default_device() or "cpu")
+        return applied
+
+    @staticmethod
+    def _merge(src: Applied, dst: Applied) -> None:
+        dst.results.update(src.results)
+        dst.errors.update(src.errors)
+
+    @contextlib.contextmanager
+    def scoped(self, choice: Choice):
+        """Run a block on `choice` and restore every framework afterwards, whatever happens."""
+        saved = {fw.name: fw.current() for fw in fws.loaded() if not fw.gpu_reason()}
+        saved_default = fws.TORCH.default_device() if fws.TORCH.loaded() else None
+        with self._lock:
+            self._stack.append(choice)
+            saved_owned = (self._saved_torch_default, self._torch_default_owned)
+            self._torch_default_owned = False
+        try:
+            applied = self.apply_all()
+            yield applied
+        finally:
+            with self._lock:
+                self._stack.pop()
+                self._restore(saved, saved_default, saved_owned)
+
+    def _restore(self, saved, saved_default, saved_owned) -> None:
+        for fw in fws.loaded():
+            if fw.gpu_reason():
+                continue
+            # A framework imported inside the block goes back to the kernel's choice (or 0).
+            target = saved.get(fw.name)
+            if target is None:
+                target = self.choice.ordinal if self.choice else None
+            if target is None or fw.current() == target:
+                continue
+            try:
+                fw.set_current(target)
+            except Exception:
+                pass  # restoring must never mask the cell's own exception
+        torch = fws.TORCH
+        if torch.loaded() and not torch.gpu_reason() and self._torch_default_owned:
+            torch.mod.set_default_device(saved_default)
+        self._saved_torch_default, self._torch_default_owned = saved_owned
+
+    def enforce(self) -> None:
+        """Before each cell: put the choice back in force in the thread that runs the cell."""
+        choice = self.choice
+        if choice is None:
+            return
+        for fw in (fws.TORCH, fws.CUPY):
+            if not fw.loaded():
+                continue
+            try:
+                if fw is fws.TORCH and not fw.initialized():
+                    continue  # the lazy call takes care of it
+                if fw.gpu_reason() is None and fw.current() != choice.ordinal:
+                    fw.set_current(choice.ordinal)
+            except Exception:
+                pass
+        if choice.default and fws.TORCH.loaded() and fws.TORCH.gpu_reason() is None:
+            want = f"cuda:{choice.ordinal}"
+            if fws.TORCH.default_device() != want:
+                fws.TORCH.set_default(choice.ordinal)
+
+    def on_import(self, module: str) -> None:
+        """A watched framework finished importing: give it the kernel's device."""
+        fw = WATCHED.get(module)
+        if fw is None or self.choice is None:
+            return
+        applied = Applied()
+        self._apply_one(fw, applied)
+        if fw is fws.TORCH:
+            self._merge(self._apply_default(self.choice), applied)
+
+
+class _Loader(importlib.abc.Loader):
+    """Wraps a framework's loader to call back once the module has executed."""
+
+    def __init__(self, loader, callback):
+        self._loader, self._callback = loader, callback
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        # From here on the module is the loader-of-record; restore the original for tools
+        # that inspect __loader__ (pkgutil, importlib.resources).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        try:
+            self._callback(module.__name__)
+        except Exception:
+            pass  # never break the user's import
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+class PostImportHook(importlib.abc.MetaPathFinder):
+    """Calls `callback(name)` after any watched module is imported."""
+
+    def __init__(self, names, callback):
+        self.names, self.callback = set(names), callback
+        self._busy = threading.local()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names or getattr(self._busy, "on", False):
+            return None
+        self._busy.on = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self._busy.on = False
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _Loader(spec.loader, self.callback)
+        return spec
+
+    def install(self):
+        if self not in sys.meta_path:
+            sys.meta_path.insert(0, self)
+
+    def remove(self):
+        while self in sys.meta_path:
+            sys.meta_path.remove(self)
