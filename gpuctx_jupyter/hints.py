@@ -15,7 +15,7 @@ def mixed_devices_hint(exc: BaseException | None) -> str | None:
     if not _MIXED.search(msg):
         return None
     devices = list(dict.fromkeys(_DEVICE.findall(msg)))
-    gpus = [d for d in devices if d.startswith("cuda")]
+    gpus = sorted(d for d in devices if d.startswith("cuda"))
     if len(gpus) >= 2:
         a, b = gpus[:2]
         return (

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from . import frameworks as fws
 
 WATCHED = {fw.module: fw for fw in fws.ALL}
+# JAX's and Numba's start-up touch every GPU and leave the thread on the last one they touched:
+# switch them first, so torch and CuPy (which share the thread's CUDA device) are set last.
+APPLY_ORDER = (fws.JAX, fws.NUMBA, fws.CUPY, fws.TORCH)
 
 
 @dataclass
@@ -57,8 +60,9 @@ class Switcher:
 
     def apply_all(self) -> Applied:
         applied = Applied()
-        for fw in fws.loaded():
-            self._apply_one(fw, applied)
+        for fw in APPLY_ORDER:
+            if fw.loaded():
+                self._apply_one(fw, applied)
         self._merge(self._apply_default(self.choice), applied)
         return applied
 
@@ -166,6 +170,8 @@ class Switcher:
         self._apply_one(fw, applied)
         if fw is fws.TORCH:
             self._merge(self._apply_default(self.choice), applied)
+        elif fw in (fws.JAX, fws.NUMBA):
+            self.enforce()  # their start-up may have moved this thread off the chosen device
 
 
 class _Loader(importlib.abc.Loader):

@@ -27,7 +27,7 @@ TWO = [h200(0, UUID0, "00000000:18:00.0"), h200(1, UUID1, "00000000:2A:00.0")]
 # An older, slower GPU at the lower bus id: CUDA's default order puts the H100 first.
 A100 = GpuRecord(0, "GPU-a100a100-0000-0000-0000-000000000000", "NVIDIA A100-SXM4-80GB",
                  "00000000:07:00.0", (8, 0), 80 * GIB, 0)
-H100 = GpuRecord(1, "GPU-h100h100-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3",
+H100 = GpuRecord(1, "GPU-91009100-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3",
                  "00000000:B3:00.0", (9, 0), 80 * GIB, 0)
 MIXED = [A100, H100]
 
@@ -123,51 +123,88 @@ def test_full_uuid():
     assert uuids(visible(TWO, CUDA_VISIBLE_DEVICES=UUID1)) == [UUID1]
 
 
-def test_uuid_prefix_is_case_insensitive():
-    assert uuids(visible(TWO, CUDA_VISIBLE_DEVICES="GPU-bf62cf")) == [UUID0]
-    assert uuids(visible(TWO, CUDA_VISIBLE_DEVICES="gpu-BF6A")) == [UUID1]
+def test_uuid_prefix_matches_hex_digits_in_any_case_and_ignores_dashes():
+    for entry in ("GPU-bf62cf", "GPU-BF62CF", "GPU-bf-62-cf", "GPU-bf62cf123c4d4e5f8a9b0123456789ab",
+                  UUID0 + "/0/0", "MIG-bf62cf"):
+        vis = visible(TWO, CUDA_VISIBLE_DEVICES=entry)
+        assert uuids(vis) == [UUID0], entry
+        assert vis.notes == ()
+
+
+@pytest.mark.parametrize(("entry", "problem"), [
+    ("gpu-bf62cf", "is not a device: neither an index nor a GPU-/MIG- UUID"),
+    ("GPU-bf62cx", "has 'x' where CUDA expects a hex digit of a UUID"),
+    ("GPU-bf62cf ", "has ' ' where CUDA expects a hex digit of a UUID"),
+    ("GPU-", "matches no device UUID that CUDA can use"),
+])
+def test_uuid_entries_cuda_rejects(entry, problem):
+    vis = visible(TWO, CUDA_VISIBLE_DEVICES=entry)
+    assert vis.devices == ()
+    assert vis.empty_reason == (f"CUDA_VISIBLE_DEVICES entry {entry!r} {problem}: "
+                                "CUDA ignores it and every entry after it, which leaves no GPU")
 
 
 def test_ambiguous_prefix_truncates_with_a_note():
-    vis = visible(TWO, CUDA_VISIBLE_DEVICES="1,GPU-bf6,0")
+    vis = visible(TWO, CUDA_VISIBLE_DEVICES="GPU-bf6a,GPU-bf6,GPU-bf62")
     assert uuids(vis) == [UUID1]
-    (note,) = vis.notes
-    assert "'GPU-bf6'" in note and "ambiguous" in note and "every entry after it" in note
+    assert vis.notes == ("CUDA_VISIBLE_DEVICES entry 'GPU-bf6' is ambiguous: it is a prefix of 2 "
+                         "device UUIDs: CUDA ignores it and every entry after it",)
 
 
 def test_out_of_range_index_truncates_there():
     vis = visible(TWO, CUDA_VISIBLE_DEVICES="0,7,1")
     assert uuids(vis) == [UUID0]
-    (note,) = vis.notes
-    assert note.startswith("CUDA_VISIBLE_DEVICES entry '7' is out of range")
-    assert "2 devices (0-1)" in note
+    assert vis.notes == ("CUDA_VISIBLE_DEVICES entry '7' is out of range: CUDA sees 2 devices (0-1): "
+                         "CUDA ignores it and every entry after it",)
 
 
-def test_duplicate_truncates():
-    vis = visible(TWO, CUDA_VISIBLE_DEVICES="0,0")
+@pytest.mark.parametrize("value", ["0,0", "1,0,1", "GPU-bf6a,GPU-bf62,GPU-bf6a0001"])
+def test_a_repeat_makes_cuda_fail_to_start(value):
+    vis = visible(TWO, CUDA_VISIBLE_DEVICES=value)
+    assert vis.devices == ()
+    assert "twice, so CUDA fails to start (CUDA_ERROR_INVALID_DEVICE): list each GPU once" in vis.notes[-1]
+    assert vis.empty_reason == vis.notes[-1]
+
+
+def test_a_repeat_after_the_truncation_does_not_count():
+    vis = visible(TWO, CUDA_VISIBLE_DEVICES="0,x,0")
     assert uuids(vis) == [UUID0]
-    assert "'0' repeats a device" in vis.notes[0]
+    assert "'x' is not a device" in vis.notes[0]
 
 
-def test_duplicate_through_uuid_and_index():
-    vis = visible(TWO, CUDA_VISIBLE_DEVICES=f"1,{UUID1[:12]}")
-    assert uuids(vis) == [UUID1]
-    assert "repeats" in vis.notes[0]
+def test_indices_and_uuids_do_not_mix():
+    by_index = visible(TWO, CUDA_VISIBLE_DEVICES="1,GPU-bf62,0")
+    assert uuids(by_index) == [UUID1]
+    assert by_index.notes == ("CUDA_VISIBLE_DEVICES entry 'GPU-bf62' is a UUID in a list of indices, "
+                              "which CUDA does not allow: CUDA ignores it and every entry after it",)
+    by_uuid = visible(TWO, CUDA_VISIBLE_DEVICES="GPU-bf6a,0")
+    assert uuids(by_uuid) == [UUID1]
+    assert "'0' is an index in a list of UUIDs" in by_uuid.notes[0]
 
 
-@pytest.mark.parametrize("value", ["-1", "x7", "1x", "0x1", "", "GPU-ffff", "cuda:0"])
+@pytest.mark.parametrize(("value", "ordinals"), [
+    ("1x", [1]), ("0x1", [0]), ("1.5,0", [1, 0]), ("+1", [1]), ("-0", [0]), ("1 0", [1]),
+])
+def test_index_entries_are_read_like_strtoul(value, ordinals):
+    vis = visible(TWO, CUDA_VISIBLE_DEVICES=value)
+    assert uuids(vis) == [TWO[i].uuid for i in ordinals]
+    first = value.split(",")[0]
+    assert vis.notes[0] == (f"CUDA_VISIBLE_DEVICES entry {first!r} counts as {ordinals[0]}: "
+                            "CUDA reads its leading digits only")
+
+
+@pytest.mark.parametrize("value", ["-1", "x7", "", "GPU-ffff", "cuda:0"])
 def test_invalid_first_entry_hides_everything(value):
     vis = visible(TWO, CUDA_VISIBLE_DEVICES=f"{value},1")
     assert vis.devices == ()
-    assert f"entry {value!r}" in vis.notes[0]
-    assert "hides every GPU" in vis.empty_reason
-    assert f"first entry {value!r}" in vis.empty_reason
+    assert vis.notes[-1].startswith(f"CUDA_VISIBLE_DEVICES entry {value!r} ")
+    assert vis.empty_reason.endswith("CUDA ignores it and every entry after it, which leaves no GPU")
 
 
 def test_negative_index_is_named_as_such():
     vis = visible(TWO, CUDA_VISIBLE_DEVICES="-1")
-    assert vis.notes == ("CUDA_VISIBLE_DEVICES entry '-1' is a negative index: "
-                         "CUDA ignores it and every entry after it",)
+    assert vis.empty_reason == ("CUDA_VISIBLE_DEVICES entry '-1' is a negative index: "
+                                "CUDA ignores it and every entry after it, which leaves no GPU")
 
 
 def test_garbage_after_valid_entries_keeps_those_before():
@@ -179,7 +216,7 @@ def test_garbage_after_valid_entries_keeps_those_before():
 
 def test_mig_instance_by_uuid_and_by_index():
     assert uuids(visible(WITH_MIG, CUDA_VISIBLE_DEVICES="MIG-22222222")) == [MIG_B.uuid]
-    assert uuids(visible(WITH_MIG, CUDA_VISIBLE_DEVICES=MIG_A.uuid.lower())) == [MIG_A.uuid]
+    assert uuids(visible(WITH_MIG, CUDA_VISIBLE_DEVICES=MIG_A.uuid.upper())) == [MIG_A.uuid]
     assert uuids(visible(WITH_MIG, CUDA_VISIBLE_DEVICES="2,1")) == [PLAIN.uuid, MIG_B.uuid]
     assert uuids(visible(WITH_MIG)) == [MIG_A.uuid, MIG_B.uuid, PLAIN.uuid]
 
@@ -214,13 +251,15 @@ def test_device_order_changes_what_index_0_means():
     assert uuids(visible(MIXED, CUDA_DEVICE_ORDER="PCI_BUS_ID")) == [A100.uuid, H100.uuid]
 
 
-def test_device_order_is_case_insensitive_and_unknown_falls_back_with_a_note():
-    assert visible(MIXED, CUDA_DEVICE_ORDER="pci_bus_id").device_order == "PCI_BUS_ID"
-    assert visible(MIXED, CUDA_DEVICE_ORDER="fastest_first").device_order == "FASTEST_FIRST"
-    odd = visible(TWO, CUDA_DEVICE_ORDER="BY_NAME")
-    assert odd.device_order == "FASTEST_FIRST"
-    assert odd.notes == ("CUDA_DEVICE_ORDER='BY_NAME' is neither FASTEST_FIRST nor PCI_BUS_ID: "
-                         "CUDA uses its default, FASTEST_FIRST",)
+@pytest.mark.parametrize("order", ["pci_bus_id", "Fastest_First", "BOGUS", "", " PCI_BUS_ID"])
+def test_device_order_must_be_spelled_exactly(order):
+    vis = visible(TWO, CUDA_DEVICE_ORDER=order, CUDA_VISIBLE_DEVICES="0")
+    assert vis.devices == ()
+    assert vis.empty_reason == (
+        f"CUDA_DEVICE_ORDER={order!r} is neither FASTEST_FIRST nor PCI_BUS_ID (spelled exactly so), "
+        "so CUDA fails to start (CUDA_ERROR_INVALID_DEVICE): fix or unset it"
+    )
+    assert visible(TWO, CUDA_DEVICE_ORDER="FASTEST_FIRST").device_order == "FASTEST_FIRST"
 
 
 def test_no_gpu_at_all():

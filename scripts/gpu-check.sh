@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: the GPU-marked tests, then the benchmarks.
+#
+#   scripts/gpu-check.sh            # from the repository root
+#
+# The machine needs python3 with torch (CUDA) and pytest; the Jupyter packages come from
+# .devwheels/ when present (../shared/device/wheelhouse.sh builds it), else must be installed.
+# Results (test log, benchmark JSON) go to $OUT when set, else benchmarks/results/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+results="${OUT:-benchmarks/results}"
+mkdir -p "$results"
+if [ -d .devwheels ] && ls .devwheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
+  export PYTHONPATH="/tmp/gpuctx-site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$results/nvidia-smi.csv"
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+status=0
+python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
+for bench in benchmarks/on_gpu_overhead.py; do
+  python3 "$bench" --json "$results/$(basename "$bench" .py).json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
+done
+exit $status

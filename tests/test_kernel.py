@@ -1,0 +1,63 @@
+"""The magics in a real ipykernel process started through jupyter_client (no GPU here)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from .kernels import run, start, stop
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start()
+    r = run(kc, "%load_ext gpuctx")
+    assert r.reply["status"] == "ok", r.error
+    yield km, kc
+    stop(km, kc)
+
+
+def test_gpu_list_renders_html_and_text_saying_no_gpu(kernel):
+    _, kc = kernel
+    r = run(kc, "%gpu")
+    assert r.reply["status"] == "ok"
+    assert "No GPU is visible to this kernel" in r.html
+    assert "NVML reports:" in r.text
+
+
+def test_usage_error_is_one_line_without_traceback(kernel):
+    _, kc = kernel
+    r = run(kc, "%gpu use 0")
+    assert r.reply["status"] == "error"
+    assert r.reply["ename"] == "UsageError"
+    assert r.reply["evalue"].startswith("no GPU is visible: NVML reports:")
+    assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr  # one line, no traceback
+
+
+def test_on_gpu_runs_cell_and_interrupt_restores(kernel):
+    km, kc = kernel
+    timer = threading.Timer(1.5, km.interrupt_kernel)
+    timer.start()
+    t0 = time.monotonic()
+    r = run(kc, "%%on_gpu 0\nimport time\nstarted = True\ntime.sleep(30)")
+    assert time.monotonic() - t0 < 20
+    assert r.reply["status"] == "error" and r.error["ename"] == "KeyboardInterrupt"
+    r = run(kc, "print(started, get_ipython()._gpuctx_magics.switcher.choice)")
+    assert r.stdout.strip() == "True None"
+
+
+def test_status_and_doctor_in_kernel(kernel):
+    _, kc = kernel
+    r = run(kc, "import torch\n%gpu status\n%gpu doctor")
+    assert r.reply["status"] == "ok"
+    assert "CPU-only build" in r.html and "gpuctx doctor" in r.html
+
+
+def test_unload_removes_magics(kernel):
+    _, kc = kernel
+    assert run(kc, "%unload_ext gpuctx").reply["status"] == "ok"
+    r = run(kc, "%gpu")
+    assert r.reply["status"] == "error" and "not found" in r.reply["evalue"]
+    assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+    assert run(kc, "%gpu").reply["status"] == "ok"
