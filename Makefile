@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" examples/tour.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" examples/tour.ipynb $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 gpu-check:
 	scripts/gpu-check.sh

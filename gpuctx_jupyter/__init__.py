@@ -19,3 +19,14 @@ def unload_ipython_extension(ip):
     from .extension import unload
 
     unload(ip)
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "gpuctx_jupyter"}]
+
+
+def _load_jupyter_server_extension(serverapp):
+    """jupyter_server calls this once at start-up (enabled by jupyter-config on install)."""
+    from .serverext import load
+
+    load(serverapp)

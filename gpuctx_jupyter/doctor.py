@@ -50,7 +50,7 @@ def _nvml_findings(inv: Inventory) -> list[Finding]:
     return out
 
 
-def _torch_findings(inv: Inventory) -> list[Finding]:
+def _torch_findings(inv: Inventory, warm=None) -> list[Finding]:
     torch = fws.TORCH
     if not torch.loaded():
         if not torch.installed():
@@ -70,10 +70,15 @@ def _torch_findings(inv: Inventory) -> list[Finding]:
     if torch.initialized():
         method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
         if method == "fork":
-            out.append(Finding(WARN, "multiprocessing", "CUDA is initialised and the start method is 'fork': a forked "
-                               "child cannot use CUDA ('Cannot re-initialize CUDA in forked subprocess')",
+            by_warmup = warm is not None and warm.state == "done"
+            out.append(Finding(WARN, "multiprocessing", "CUDA is initialised" + (" (by gpuctx's warm-up)" if by_warmup
+                               else "") + " and the start method is 'fork': a forked child cannot use CUDA "
+                               "('Cannot re-initialize CUDA in forked subprocess')",
                                "use multiprocessing.set_start_method('spawn') or "
-                               "DataLoader(..., multiprocessing_context='spawn'); workers that stay on the CPU are fine"))
+                               "DataLoader(..., multiprocessing_context='spawn'); workers that stay on the CPU are fine"
+                               + ("; or opt this notebook out of warming: notebook metadata "
+                                  '{"gpuctx": {"warm": false}}, or GPUCTX_WARM=0 in the kernel\'s environment'
+                                  if by_warmup else "")))
     return out
 
 
@@ -115,8 +120,8 @@ def _count_findings(inv: Inventory) -> list[Finding]:
     return out
 
 
-def diagnose(inv: Inventory) -> list[Finding]:
-    return (_nvml_findings(inv) + _visibility_findings(inv) + _torch_findings(inv) + _count_findings(inv)
+def diagnose(inv: Inventory, warm=None) -> list[Finding]:
+    return (_nvml_findings(inv) + _visibility_findings(inv) + _torch_findings(inv, warm) + _count_findings(inv)
             + _env_findings())
 
 

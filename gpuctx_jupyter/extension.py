@@ -1,9 +1,17 @@
 """Wiring the kernel side into an IPython shell, and taking it out again."""
 from __future__ import annotations
 
+import logging
+import os
+
+from . import inventory
+from .devices import SpecError, parse_spec
 from .magics import GpuMagics
+from .switching import Choice
+from .warmup import GpuWarmup, notebook_wants_gpu, opted_out
 
 _ATTR = "_gpuctx_magics"
+log = logging.getLogger("gpuctx")
 
 
 def load(ip) -> GpuMagics:
@@ -16,7 +24,29 @@ def load(ip) -> GpuMagics:
     ip.events.register("post_run_cell", magics.post_run_cell)
     magics.import_hook.install()
     setattr(ip, _ATTR, magics)
+    start_from_config(magics, GpuWarmup(parent=ip))
     return magics
+
+
+def start_from_config(magics: GpuMagics, cfg: GpuWarmup) -> None:
+    """Apply the configured device and warm-up policy (kernel config or the server's env)."""
+    if cfg.device:
+        try:
+            dev = parse_spec(cfg.device, inventory.take().devices)
+            magics.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
+        except SpecError as exc:
+            log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+    policy = "never" if opted_out() else cfg.policy
+    source = os.environ.get("GPUCTX_WARM_SOURCE", "kernel config")
+    if policy == "auto":
+        wanted, why = notebook_wants_gpu(os.environ.get("JPY_SESSION_NAME"))
+        if not wanted:
+            magics.warmer.status.detail = f"policy auto: {why}"
+            return
+    elif policy == "never":
+        magics.warmer.status.detail = "opted out (GPUCTX_WARM=0)" if opted_out() else "policy never"
+        return
+    magics.warmer.start(cfg.frameworks, cfg.ops, source=source, imports=cfg.imports)
 
 
 def unload(ip) -> None:
@@ -33,3 +63,12 @@ def unload(ip) -> None:
             table.pop(name, None)
     ip.magics_manager.registry.pop(type(magics).__name__, None)
     delattr(ip, _ATTR)
+
+
+def warm_from_env(ip) -> GpuMagics:
+    """Load gpuctx and apply the GPUCTX_* settings now (the gateway route: the server sends this
+    as the kernel's first request, having put the settings into os.environ)."""
+    magics = load(ip)
+    if magics.warmer.status.state == "off":
+        start_from_config(magics, GpuWarmup(parent=ip))
+    return magics

@@ -15,11 +15,12 @@ from IPython.display import display
 
 from . import doctor, hints, inventory
 from . import frameworks as fws
+from .warmup import FRAMEWORKS, OPS, Warmer
 from .devices import SpecError, parse_spec
 from .render import Report, Section, gib, mib, pct, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
 
-SUBCOMMANDS = ("list", "use", "status", "mem", "free", "doctor", "help")
+SUBCOMMANDS = ("list", "use", "status", "mem", "free", "doctor", "warm", "help")
 
 
 def _parser(prog: str, description: str) -> MagicArgumentParser:
@@ -37,6 +38,11 @@ ON_GPU.add_argument("spec", help="1, cuda:1, a GPU UUID or prefix, a name fragme
 ON_GPU.add_argument("--default", action="store_true", help="tensors created without a device land on it too (torch)")
 ON_GPU.add_argument("--time", action="store_true", help="report GPU time (CUDA events) beside wall time")
 ON_GPU.add_argument("--mem", action="store_true", help="report peak and net allocator memory on that GPU (torch)")
+
+WARM = _parser("%gpu warm", "Warm CUDA in a background thread now, so the next GPU cell runs at full speed.")
+WARM.add_argument("spec", nargs="?", help="the device to warm (default: this kernel's current device)")
+WARM.add_argument("--frameworks", default="torch", help=f"comma-separated, from {', '.join(FRAMEWORKS)}")
+WARM.add_argument("--wait", action="store_true", help="block until the warm-up has finished, then report it")
 
 NO_ARGS = {name: _parser(f"%gpu {name}", "") for name in ("list", "status", "mem", "free", "doctor")}
 
@@ -56,16 +62,23 @@ class GpuMagics(Magics):
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
-        self.switcher = Switcher()
+        self.warmer = Warmer()
+        self.switcher = Switcher(cuda_starting=self._warmup_starting_cuda)
+        self.warmer.switcher = self.switcher
         self.import_hook = PostImportHook(WATCHED, self.switcher.on_import)
         self._count_cache: tuple[tuple, int] | None = None
         self._told_caveats = False
 
     # -- kernel events ---------------------------------------------------------------------------
+    def _warmup_starting_cuda(self) -> bool:
+        return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
+
     def pre_run_cell(self, info=None):
+        self.warmer.cell_started()
         self.switcher.enforce()
 
     def post_run_cell(self, result=None):
+        self.warmer.cell_finished()
         hint = hints.mixed_devices_hint(getattr(result, "error_in_exec", None))
         if hint:
             print(hint, file=sys.stderr)
@@ -88,6 +101,9 @@ class GpuMagics(Magics):
                                per device, whether CUDA has started
         %gpu mem               memory per GPU: NVML's view and this kernel's share
         %gpu free              collect garbage and return cached allocator memory to the GPU
+        %gpu warm [--wait]     start CUDA and run a first matmul and conv in a background
+                               thread now, so the next GPU cell does not stall; the state
+                               and phase times show in %gpu status
         %gpu doctor            driver, NVML, torch build, CUDA_VISIBLE_DEVICES, device
                                counts, persistence/MIG, fork safety, each with its fix
         %gpu help [SUBCOMMAND] this help, or one subcommand's options
@@ -113,8 +129,10 @@ class GpuMagics(Magics):
         name = rest.strip()
         if not name:
             print(self.gpu.__doc__)
-        elif name in ("use",):
+        elif name == "use":
             USE.print_help()
+        elif name == "warm":
+            WARM.print_help()
         elif name in ("on_gpu", "%%on_gpu"):
             ON_GPU.print_help()
         elif name in SUBCOMMANDS:
@@ -213,6 +231,7 @@ class GpuMagics(Magics):
                                                                          if choice.default else ""))
             if choice else "device: none chosen; frameworks use cuda:0, CUDA's default (`%gpu use N` to switch)",
             "CUDA started by: " + (", ".join(started) if started else "nothing yet (no CUDA context in this kernel)"),
+            "warm-up: " + self.warmer.status.summary(),
         ]
         reason = inv.no_gpu_reason()
         if reason:
@@ -241,6 +260,7 @@ class GpuMagics(Magics):
             sections.append(Section("this kernel's GPU memory", ["device", "framework", "allocated", "reserved", "peak"],
                                     mem))
         return Report(sections, data={"choice": choice.__dict__ if choice else None, "frameworks": fw_data,
+                                      "warmup": self.warmer.status.as_dict(),
                                       "cuda_started": started, "no_gpu_reason": reason})
 
     def _memory_rows(self, inv) -> list[list[str]]:
@@ -304,9 +324,27 @@ class GpuMagics(Magics):
             line += " (the CUDA context and library handles stay until the kernel restarts)"
         print(line)
 
+    def _gpu_warm(self, rest):
+        args = WARM.parse_argstring(rest)
+        names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
+        unknown = [n for n in names if n not in FRAMEWORKS]
+        if unknown:
+            raise UsageError(f"cannot warm {', '.join(unknown)}: choose from {', '.join(FRAMEWORKS)}")
+        missing = [n for n in names if not fws.BY_NAME[n].installed()]
+        if missing:
+            raise UsageError(f"{', '.join(missing)} is not installed in this kernel: install it or leave it out")
+        device = self._resolve(args.spec)[1].ordinal if args.spec else None
+        if not self.warmer.start(names, OPS, device, source="%gpu warm"):
+            print("gpuctx: a warm-up is already running: " + self.warmer.status.summary())
+            return
+        if args.wait:
+            print("gpuctx warm-up: " + self.warmer.wait().summary())
+        else:
+            print("gpuctx: warming up in the background (`%gpu status` shows progress)")
+
     def _gpu_doctor(self, rest):
         NO_ARGS["doctor"].parse_argstring(rest)
-        display(doctor.report(doctor.diagnose(inventory.take())))
+        display(doctor.report(doctor.diagnose(inventory.take(), self.warmer.status)))
 
     # -- %%on_gpu --------------------------------------------------------------------------------
     def _fast_ordinal(self, spec: str) -> int | None:

@@ -39,7 +39,10 @@ class Applied:
 class Switcher:
     """Holds the current choice (a stack: `%%on_gpu` pushes, `%gpu use` replaces the base)."""
 
-    def __init__(self):
+    def __init__(self, cuda_starting=lambda: False):
+        # True while another thread (the warm-up) is starting CUDA: a cell must then wait
+        # for it and set its own thread's device, rather than skip torch.
+        self.cuda_starting = cuda_starting
         self._stack: list[Choice] = []
         self._lock = threading.RLock()
         self._saved_torch_default: object = None
@@ -151,7 +154,9 @@ class Switcher:
                 continue
             try:
                 if fw is fws.TORCH and not fw.initialized():
-                    continue  # the lazy call takes care of it
+                    if self.cuda_starting():
+                        fw.mod.cuda.set_device(choice.ordinal)  # waits on torch's lazy-init lock
+                    continue  # otherwise the queued lazy call takes care of it
                 if fw.gpu_reason() is None and fw.current() != choice.ordinal:
                     fw.set_current(choice.ordinal)
             except Exception:

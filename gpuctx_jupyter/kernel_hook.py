@@ -1,0 +1,162 @@
+"""The server side of pre-warming: every kernel this server starts or restarts warms CUDA.
+
+Local ipykernel kernels get `--ext=gpuctx` and GPUCTX_* variables at launch, so the warm-up
+thread starts while the kernel boots, before it reports ready; jupyter_client reuses the launch
+arguments on restart, so restarts warm too, and the kernel re-reads its notebook for the `auto`
+policy each time. Kernels behind a gateway cannot be given arguments: they get one silent
+request, first in their queue, that loads gpuctx and starts the same warm-up.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import os
+
+from . import inventory
+from .config import GpuctxServer
+from .warmup import notebook_wants_gpu
+
+SOURCE = "server hook"
+
+
+class KernelHook:
+    def __init__(self, serverapp, cfg: GpuctxServer, log):
+        self.km = serverapp.kernel_manager
+        self.ksm = serverapp.kernel_spec_manager
+        self.cfg, self.log = cfg, log
+        self.gateway = bool(getattr(getattr(serverapp, "gateway_config", None), "gateway_enabled", False))
+        self._start, self._restart = self.km.start_kernel, self.km.restart_kernel
+        self._rr = itertools.count()
+        self._remote_plans: dict[str, dict] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self.warmed: dict[str, dict] = {}  # kernel id -> the plan it was started with
+
+    def install(self) -> None:
+        self.km.start_kernel = self.start_kernel
+        self.km.restart_kernel = self.restart_kernel
+
+    def remove(self) -> None:
+        for name in ("start_kernel", "restart_kernel"):
+            self.km.__dict__.pop(name, None)
+
+    # -- the wrapped kernel manager methods ---------------------------------------------------
+    async def start_kernel(self, *args, **kwargs):
+        name = kwargs.get("kernel_name") or getattr(self.km, "default_kernel_name", "python3")
+        existing = kwargs.get("kernel_id")
+        plan = None
+        if not (existing and existing in self.km):
+            try:
+                plan = await self.plan(name, kwargs.get("env"))
+            except Exception as exc:  # planning must never stop a kernel from starting
+                self.log.warning("gpuctx: not warming kernel %s: %s", name, exc)
+        if plan and not self.gateway:
+            kwargs["env"] = {**(kwargs.get("env") or os.environ), **plan}
+            if self.cfg.load_magics or plan.get("GPUCTX_WARM") not in ("never", "0") or plan.get("GPUCTX_DEVICE"):
+                kwargs["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), "--ext=gpuctx"]
+        kernel_id = await _maybe_await(self._start(*args, **kwargs))
+        if plan:
+            self.warmed[kernel_id] = plan
+            if self.gateway:
+                self._warm_remote(kernel_id, plan)
+        return kernel_id
+
+    async def restart_kernel(self, kernel_id, *args, **kwargs):
+        result = await _maybe_await(self._restart(kernel_id, *args, **kwargs))
+        if self.gateway and kernel_id in self.warmed:
+            self._warm_remote(kernel_id, self.warmed[kernel_id])
+        return result
+
+    # -- what a kernel gets ---------------------------------------------------------------------
+    async def plan(self, kernel_name: str, env: dict | None) -> dict | None:
+        """The GPUCTX_* variables for this kernel, or None to leave it alone."""
+        cfg = self.cfg
+        if cfg.warm_policy == "never" and cfg.assign_devices == "off":
+            return None
+        if cfg.warm_kernelspecs and kernel_name not in cfg.warm_kernelspecs:
+            return None
+        if not await self._is_ipykernel(kernel_name):
+            return None
+        base = env if env is not None else os.environ
+        opted_out = base.get("GPUCTX_WARM", "").strip().lower() in ("0", "false", "off")
+        policy = "0" if opted_out else cfg.warm_policy  # the kernel reports "0" as an opt-out
+        if self.gateway and policy == "auto":  # the remote kernel cannot read our notebook: decide here
+            policy = "always" if notebook_wants_gpu(base.get("JPY_SESSION_NAME"))[0] else "never"
+        plan = {
+            "GPUCTX_WARM": policy,
+            "GPUCTX_WARM_SOURCE": SOURCE,
+            "GPUCTX_WARM_FRAMEWORKS": ",".join(cfg.warm_frameworks),
+            "GPUCTX_WARM_OPS": ",".join(cfg.warm_ops),
+        }
+        if cfg.warm_imports:
+            plan["GPUCTX_WARM_IMPORTS"] = ",".join(cfg.warm_imports)
+        device = await self._assign()
+        if device is not None:
+            plan["GPUCTX_DEVICE"] = str(device)
+            plan["GPUCTX_DEVICE_SOURCE"] = f"the server ({cfg.assign_devices})"
+        return plan
+
+    async def _is_ipykernel(self, name: str) -> bool:
+        try:
+            spec = await _maybe_await(self.ksm.get_kernel_spec(name))
+        except Exception:
+            return False
+        if isinstance(spec, dict):  # a gateway answers with its REST model
+            spec = spec.get("spec", spec)
+            argv, language = spec.get("argv") or [], spec.get("language") or ""
+        else:
+            argv, language = getattr(spec, "argv", None) or [], getattr(spec, "language", "") or ""
+        argv, language = " ".join(argv), language.lower()
+        return "ipykernel" in argv or (self.gateway and language == "python")
+
+    async def _assign(self) -> int | None:
+        mode = self.cfg.assign_devices
+        if mode == "off":
+            return None
+        inv = await asyncio.get_running_loop().run_in_executor(None, inventory.take)
+        devices = [d for d in inv.devices if not d.record.error]
+        if not devices:
+            return None
+        if mode == "round-robin":
+            return devices[next(self._rr) % len(devices)].ordinal
+        return max(devices, key=lambda d: (d.record.memory_free or 0, -d.ordinal)).ordinal
+
+    # -- kernels behind a gateway ------------------------------------------------------------
+    def _warm_remote(self, kernel_id: str, plan: dict) -> None:
+        task = asyncio.ensure_future(self._send_warm_request(kernel_id, plan))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_warm_request(self, kernel_id: str, plan: dict) -> None:
+        code = (
+            "import os as _gpuctx_os\n"
+            f"_gpuctx_os.environ.update({plan!r})\n"
+            "from gpuctx_jupyter.extension import warm_from_env as _gpuctx_warm\n"
+            "_gpuctx_warm(get_ipython())\n"
+            "del _gpuctx_os, _gpuctx_warm\n"
+        )
+        client = None
+        try:
+            client = self.km.get_kernel(kernel_id).client()
+            await _maybe_await(client.start_channels())
+            msg_id = client.execute(code, silent=True, store_history=False)
+            reply = await asyncio.wait_for(_reply_for(client, msg_id), self.cfg.gateway_timeout)
+            if reply["content"].get("status") != "ok":
+                self.log.warning("gpuctx: kernel %s did not start its warm-up: %s: %s", kernel_id,
+                                 reply["content"].get("ename"), reply["content"].get("evalue"))
+        except Exception as exc:  # a remote kernel that cannot warm still works
+            self.log.warning("gpuctx: could not ask kernel %s to warm up: %s", kernel_id, exc)
+        finally:
+            if client is not None:
+                client.stop_channels()
+
+
+async def _reply_for(client, msg_id: str) -> dict:
+    while True:
+        msg = await client.get_shell_msg()
+        if msg.get("parent_header", {}).get("msg_id") == msg_id:
+            return msg
+
+
+async def _maybe_await(value):
+    return await value if inspect.isawaitable(value) else value

@@ -1,0 +1,182 @@
+"""A real `jupyter server` in a subprocess, driven over REST and the kernel websocket as
+JupyterLab drives it. Used by the server tests and by benchmarks/first_cell.py."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+
+import websocket  # websocket-client, a jupyter_server dependency
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, root: str, args=(), env: dict | None = None, app: str = "jupyter_server"):
+        self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
+        self.args, self.env, self.app = list(args), env, app
+        self.proc: subprocess.Popen | None = None
+        self.log_path = os.path.join(root, f".server-{self.port}.log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> "Server":
+        cmd = [sys.executable, "-m", self.app, f"--ServerApp.port={self.port}", "--ServerApp.ip=127.0.0.1",
+               f"--IdentityProvider.token={self.token}", "--ServerApp.open_browser=False",
+               f"--ServerApp.root_dir={self.root}", "--ServerApp.port_retries=0", "--allow-root", *self.args]
+        env = dict(os.environ, **(self.env or {}))
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter server exited: {self.log()}")
+            try:
+                self.api("GET", "/api/status")
+                return self
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+        raise TimeoutError(f"jupyter server did not start: {self.log()}")
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path) as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+    def api(self, method: str, path: str, body=None, token: str | None = "default", timeout: float = 60):
+        """One REST call; returns (status, parsed JSON or None)."""
+        req = urllib.request.Request(self.url + path, method=method,
+                                     data=None if body is None else json.dumps(body).encode())
+        if token:
+            req.add_header("Authorization", f"token {self.token if token == 'default' else token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            try:
+                return err.code, json.loads(raw) if raw else None
+            except ValueError:
+                return err.code, {"raw": raw.decode(errors="replace")}
+
+    def start_kernel(self, name: str = "python3", path: str | None = None) -> str:
+        """A kernel as JupyterLab starts one: through a session when a notebook path is given."""
+        if path is None:
+            status, model = self.api("POST", "/api/kernels", {"name": name})
+            assert status == 201, (status, model)
+            return model["id"]
+        status, model = self.api("POST", "/api/sessions", {"path": path, "type": "notebook",
+                                                           "name": os.path.basename(path),
+                                                           "kernel": {"name": name}})
+        assert status == 201, (status, model)
+        return model["kernel"]["id"]
+
+    def channels(self, kernel_id: str) -> "KernelSocket":
+        return KernelSocket(self, kernel_id)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+@dataclass
+class Run:
+    reply: dict
+    stdout: str = ""
+    stderr: str = ""
+    data: list = field(default_factory=list)
+    seconds: float = 0.0  # request sent -> reply and idle received
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr + "".join(d.get("text/plain", "") for d in self.data)
+
+
+class KernelSocket:
+    """The kernel's websocket, JSON messages on the default protocol, like JupyterLab's."""
+
+    def __init__(self, server: Server, kernel_id: str, timeout: float = 120):
+        self.session = uuid.uuid4().hex
+        url = f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?session_id={self.session}"
+        self.ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=timeout)
+
+    def send(self, msg_type: str, content: dict, channel: str = "shell") -> str:
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": msg_type, "session": self.session, "username": "test",
+                       "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "content": content, "channel": channel, "buffers": [],
+        }))
+        return msg_id
+
+    def wait_ready(self, timeout: float = 60) -> float:
+        """Seconds until the kernel answers kernel_info (what JupyterLab waits for)."""
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg_id = self.send("kernel_info_request", {})
+            self.ws.settimeout(1.0)
+            try:
+                while True:
+                    msg = json.loads(self.ws.recv())
+                    if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "kernel_info_reply":
+                        self.ws.settimeout(120)
+                        return time.perf_counter() - t0
+            except websocket.WebSocketTimeoutException:
+                continue
+        raise TimeoutError("kernel did not answer kernel_info")
+
+    def execute(self, code: str, timeout: float = 120) -> Run:
+        t0 = time.perf_counter()
+        msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": True,
+                                               "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+        run, idle = None, False
+        out = Run(reply={})
+        self.ws.settimeout(timeout)
+        while run is None or not idle:
+            msg = json.loads(self.ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "execute_reply":
+                run = content
+            elif kind == "status" and content.get("execution_state") == "idle":
+                idle = True
+            elif kind == "stream":
+                if content["name"] == "stdout":
+                    out.stdout += content["text"]
+                else:
+                    out.stderr += content["text"]
+            elif kind in ("display_data", "execute_result"):
+                out.data.append(content["data"])
+            elif kind == "error":
+                out.stderr += "\n".join(content.get("traceback", []))
+        out.reply, out.seconds = run, time.perf_counter() - t0
+        return out
+
+    def close(self) -> None:
+        self.ws.close()

@@ -1,0 +1,190 @@
+"""The pre-warm hook in a real jupyter_server with real kernels (no GPU here: the warm-up
+imports torch, then skips CUDA and says why)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .kernels import run as kernel_run
+from .kernels import start as kernel_start
+from .kernels import stop as kernel_stop
+from .serverproc import Server, free_port
+
+HERE = os.path.dirname(__file__)
+STATUS = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait({wait})\n"
+          "print(json.dumps(dict(m.warmer.status.as_dict(), pid=__import__('os').getpid())))")
+
+
+def status(ks, wait: float = 60) -> dict:
+    r = ks.execute(STATUS.format(wait=wait))
+    assert r.reply["status"] == "ok", r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def notebook(path, code: str, metadata: dict | None = None) -> None:
+    nb = {"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": [], "execution_count": None}],
+          "metadata": metadata or {}, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(nb))
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    servers = []
+
+    def make(*args, env=None):
+        srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
+                                     "--MappingKernelManager.default_kernel_name=python3", *args], env=env)
+        servers.append(srv.start())
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
+def test_hook_warms_on_start_and_on_restart(server_factory):
+    srv = server_factory("--GpuctxServer.warm_policy=always")
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
+    first = status(ks)
+    assert first["source"] == "server hook"
+    assert first["state"] == "skipped" and "imported torch only; no GPU is visible" in first["detail"]
+    assert "import torch" in first["phases"]
+    ks.close()
+    assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
+    ks = srv.channels(kid)
+    second = status(ks)
+    assert second["pid"] != first["pid"] and second["source"] == "server hook"
+    r = ks.execute("import torch; torch.ones(3).sum().item()")
+    assert "3.0" in r.text  # torch was imported by the warm-up: the cell just uses it
+    ks.close()
+
+
+def test_readiness_does_not_wait_for_the_warm_up(server_factory, tmp_path):
+    release = tmp_path / "release"
+    env = {"PYTHONPATH": os.pathsep.join([os.path.join(HERE, "data", "slowimport"), os.environ.get("PYTHONPATH", "")]),
+           "GPUCTX_TEST_RELEASE": str(release)}
+    srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_imports=gpuctx_slow_import",
+                         env=env)
+    ks = srv.channels(srv.start_kernel())
+    ks.wait_ready()
+    now = status(ks, wait=0)
+    assert now["state"] == "running" and now["phase"] == "import gpuctx_slow_import", now  # ready while warming
+    assert ks.execute("6 * 7").text == "42"  # and cells run meanwhile
+    release.write_text("go")
+    done = status(ks)
+    assert done["state"] == "skipped" and "import gpuctx_slow_import" in done["phases"]
+    ks.close()
+
+
+def test_auto_warms_only_notebooks_that_use_a_gpu_framework(server_factory, tmp_path):
+    notebook(tmp_path / "train.ipynb", "import torch\nmodel = torch.nn.Linear(2, 2)")
+    notebook(tmp_path / "plain.ipynb", "print('hello')")
+    notebook(tmp_path / "magic.ipynb", "%gpu use auto")
+    notebook(tmp_path / "optout.ipynb", "import torch", metadata={"gpuctx": {"warm": False}})
+    srv = server_factory()  # auto is the default policy
+    states = {}
+    for name in ("train", "plain", "magic", "optout"):
+        ks = srv.channels(srv.start_kernel(path=f"{name}.ipynb"))
+        states[name] = status(ks)
+        ks.close()
+    assert states["train"]["state"] == "skipped" and states["train"]["source"] == "server hook", states
+    assert states["magic"]["state"] == "skipped"
+    assert states["plain"]["state"] == "off" and "uses no GPU framework" in states["plain"]["detail"]
+    assert states["optout"]["state"] == "off" and "opts out" in states["optout"]["detail"]
+
+
+def test_gpuctx_warm_0_opts_out(server_factory):
+    srv = server_factory("--GpuctxServer.warm_policy=always", env={"GPUCTX_WARM": "0"})
+    ks = srv.channels(srv.start_kernel())
+    st = status(ks)
+    assert st["state"] == "off" and "opted out (GPUCTX_WARM=0)" in st["detail"]
+    ks.close()
+
+
+def test_a_failing_warm_up_is_recorded_logged_once_and_the_kernel_works_on(server_factory):
+    srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_frameworks=torch", "--GpuctxServer.warm_frameworks=jax")
+    ks = srv.channels(srv.start_kernel())
+    st = status(ks)
+    assert st["state"] == "failed" and "import jax: ModuleNotFoundError" in st["detail"]
+    r = ks.execute("%gpu status")
+    assert "warm-up: failed" in r.text
+    assert ks.execute("1 + 1").text == "2"
+    ks.close()
+    time.sleep(0.5)
+    assert srv.log().count("gpuctx warm-up failed") == 1
+
+
+def test_never_leaves_kernels_alone(server_factory):
+    srv = server_factory("--GpuctxServer.warm_policy=never")
+    ks = srv.channels(srv.start_kernel())
+    r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
+    assert r.stdout.strip() == "False"
+    ks.close()
+
+
+def test_kernel_config_alone_turns_warming_on(tmp_path):
+    """The route for kernels jupyter_server does not start (VS Code, JupyterHub images)."""
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True)
+    (profile / "ipython_kernel_config.py").write_text(
+        'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "always"\n')
+    km, kc = kernel_start(env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    try:
+        r = kernel_run(kc, STATUS.format(wait=60))
+        st = json.loads(r.stdout.strip().splitlines()[-1])
+        assert st["source"] == "kernel config" and st["state"] == "skipped"
+        assert "import torch" in st["phases"]
+    finally:
+        kernel_stop(km, kc)
+
+
+@pytest.fixture
+def kernel_gateway(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+                             f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+                             "--JupyterWebsocketPersonality.list_kernels=True"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    gw = Server(str(tmp_path))  # only for its api() helper
+    gw.port, gw.token = port, None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if gw.api("GET", "/api", token=None)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(20)
+
+
+def test_kernels_behind_a_gateway_are_warmed_on_start_and_restart(server_factory, kernel_gateway):
+    srv = server_factory("--GpuctxServer.warm_policy=always", f"--GatewayClient.url={kernel_gateway}")
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
+    deadline = time.monotonic() + 30
+    while True:  # the server's warm request is the kernel's first; wait until it has run
+        r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
+        if r.stdout.strip() == "True" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    st = status(ks)
+    assert st["source"] == "server hook" and st["state"] == "skipped"
+    ks.close()
+    assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
+    ks = srv.channels(kid)
+    deadline = time.monotonic() + 30
+    while True:
+        r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
+        if r.stdout.strip() == "True" or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert status(ks)["pid"] != st["pid"]
+    ks.close()
