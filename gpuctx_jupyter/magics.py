@@ -74,7 +74,7 @@ class GpuMagics(Magics):
         return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
 
     def pre_run_cell(self, info=None):
-        self.warmer.cell_started()
+        self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
         self.switcher.enforce()
 
     def post_run_cell(self, result=None):

@@ -33,7 +33,10 @@ if not log.handlers:
     log.addHandler(_handler)
     log.propagate = False
 
-OPS = ("alloc", "matmul_fp32", "matmul_bf16", "conv")
+OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv", "backward")
+# A first cell that names one of these will do its own first GPU work: the warm-up then stops
+# after its current phase instead of competing with it (import and CUDA start-up are shared).
+_GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|gpu|on_gpu)\b")
 FRAMEWORKS = ("torch", "cupy", "jax")
 _GPU_CODE = re.compile(r"^\s*(?:import|from)\s+(?:torch|cupy|jax|numba)\b|^\s*%%?(?:gpu|on_gpu)\b", re.M)
 
@@ -183,6 +186,7 @@ class Warmer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._cell_started: float | None = None
+        self._yield = threading.Event()  # a GPU cell started: stop after the current phase
         self._logged = False
 
     @property
@@ -198,6 +202,7 @@ class Warmer:
             self.status = WarmState(state="running", source=source, device=device, phase="starting",
                                     started=time.monotonic())
             self._cell_started = None
+            self._yield.clear()
             self._thread = threading.Thread(target=self._run, args=(tuple(imports), tuple(frameworks), tuple(ops),
                                                                     device),
                                             name="gpuctx-warmup", daemon=True)
@@ -211,9 +216,11 @@ class Warmer:
         return self.status
 
     # -- cell events: how long did the first cell overlap the warm-up? --------------------------
-    def cell_started(self) -> None:
+    def cell_started(self, source: str = "") -> None:
         if self.running and self._cell_started is None and self.status.first_cell_overlap is None:
             self._cell_started = time.monotonic()
+        if self.running and _GPU_CELL.search(source or ""):
+            self._yield.set()
 
     def cell_finished(self) -> None:
         if self._cell_started is not None and self.running:
@@ -241,6 +248,9 @@ class Warmer:
             for name in frameworks:
                 getattr(self, f"_warm_{name}")(device, ops)
             st.state = "done"
+        except _CutShort:
+            st.state = "done"
+            st.detail = "stopped early: your first GPU cell started and does the rest itself"
         except BaseException as exc:  # noqa: BLE001 — a warm-up must never take the kernel down
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
             if not self._logged:
@@ -254,6 +264,8 @@ class Warmer:
                 self._cell_started = None
 
     def _phase(self, name: str, fn) -> None:
+        if self._yield.is_set() and not name.startswith(("import", "cuda init")):
+            raise _CutShort
         self.status.phase = name
         t0 = time.perf_counter()
         fn()
@@ -274,29 +286,51 @@ class Warmer:
         return None
 
     def _warm_torch(self, device: int, ops) -> None:
+        """What first cells run: each op loads its kernels (CUDA loads them lazily, process-wide)
+        and creates the library handles that the user's thread then takes from torch's pools."""
         import torch
+        import torch.nn.functional as F
 
         dev = torch.device("cuda", device)
         self._phase("cuda init", lambda: (torch.cuda.init(), torch.cuda.set_device(dev)))
-        keep = {}
-        if "alloc" in ops:
-            self._phase("alloc", lambda: keep.update(x=torch.ones(1024, 1024, device=dev)))
-        x = keep.get("x")
-        if x is None:
-            x = torch.ones(1024, 1024, device=dev)
-        if "matmul_fp32" in ops:
-            self._phase("matmul fp32", lambda: x @ x)
-        if "matmul_bf16" in ops:
-            self._phase("matmul bf16", lambda: x.bfloat16() @ x.bfloat16())
-        if "conv" in ops:
-            def conv():
-                img = torch.ones(8, 3, 64, 64, device=dev)
-                weight = torch.ones(16, 3, 3, 3, device=dev)
-                torch.nn.functional.conv2d(img, weight, padding=1)
-                torch.nn.functional.conv2d(img.half(), weight.half(), padding=1)
-            self._phase("conv", conv)
+        t = {}
+
+        def alloc():
+            t["x"] = torch.randn(1024, 1024, device=dev)
+            t["y"] = torch.rand(1024, 1024, device=dev)
+            torch.zeros(16, device=dev), torch.ones(16, device=dev), torch.arange(16, device=dev)
+            torch.tensor([1.0, 2.0]).to(dev)
+
+        def elementwise():
+            x, y = t["x"], t["y"]
+            z = torch.relu((x + y) * 2 - 1)
+            z.sum().item(), z.mean().item(), z.max().item(), z.argmax().item()
+            torch.softmax(z, dim=-1), torch.exp(z).cpu()
+
+        def conv():
+            img, weight = torch.randn(8, 3, 64, 64, device=dev), torch.randn(16, 3, 3, 3, device=dev)
+            F.conv2d(img, weight, padding=1).sum().item()
+            F.conv2d(img.half(), weight.half(), padding=1).sum().item()
+
+        def backward():
+            net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+                                      torch.nn.Linear(8 * 16 * 16, 10)).to(dev)
+            opt = torch.optim.Adam(net.parameters())
+            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)), torch.zeros(4, dtype=torch.long,
+                                                                                         device=dev))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+
+        steps = {"alloc": alloc, "elementwise": elementwise, "matmul fp32": lambda: (t["x"] @ t["y"]).sum().item(),
+                 "matmul bf16": lambda: (t["x"].bfloat16() @ t["y"].bfloat16()).float().sum().item(),
+                 "conv": conv, "backward": backward}
+        alloc_needed = any(op in ops for op in ("elementwise", "matmul_fp32", "matmul_bf16"))
+        for name, fn in steps.items():
+            if name.replace(" ", "_") in ops or (name == "alloc" and alloc_needed):
+                self._phase(name, fn)
         self._phase("sync", lambda: torch.cuda.synchronize(dev))
-        del x, keep
+        t.clear()
         torch.cuda.empty_cache()  # leave the allocator as a cold kernel would have it
 
     def _warm_cupy(self, device: int, ops) -> None:
@@ -318,3 +352,7 @@ class Warmer:
             a = jax.device_put(jnp.ones((1024, 1024), dtype=jnp.float32), gpu)
             (a @ a).block_until_ready()
         self._phase("jax ops", run)
+
+
+class _CutShort(Exception):
+    """The user's first GPU cell started: the rest of the warm-up would only compete with it."""
