@@ -59,11 +59,14 @@ def one_run(srv: Server, cell: str, idle: float) -> dict:
     time.sleep(0.5)  # let NVML's memory figure settle
     used = device_used()
     steady = ks.execute(cell)
+    warm = ks.execute("import json; m = getattr(get_ipython(), '_gpuctx_magics', None)\n"
+                      "print(json.dumps(m.warmer.status.as_dict() if m else {}))")
     ks.close()
     srv.api("DELETE", f"/api/kernels/{kid}")
     time.sleep(1.0)  # the process and its context are gone before the next run
     return {"ready": ready, "first": first.seconds, "steady": steady.seconds, "start_to_result": result_at,
-            "memory": None if used is None or base is None else used - base}
+            "memory": None if used is None or base is None else used - base,
+            "warmup": json.loads(warm.stdout.strip().splitlines()[-1]) if warm.stdout.strip() else {}}
 
 
 def stats(values):
@@ -110,6 +113,15 @@ def main() -> None:
                 continue
             unit = (lambda v: f"{v / 2**20:.0f} MiB") if name == "memory" else (lambda v: f"{v * 1000:.0f} ms")
             print(f"{case:<22}{name:<22}{unit(s['median']):>10}{unit(s['min']):>10}{unit(s['max']):>10}")
+    for case in ("warm, user idle", "warm, user at once"):
+        totals = [r["warmup"].get("total") for r in runs[case] if r["warmup"].get("total")]
+        if totals:
+            phases = {}
+            for r in runs[case]:
+                for k, v in r["warmup"].get("phases", {}).items():
+                    phases.setdefault(k, []).append(v)
+            shown = ", ".join(f"{k} {statistics.median(v) * 1000:.0f}" for k, v in phases.items())
+            print(f"warm-up ({case}): total {statistics.median(totals) * 1000:.0f} ms median; phases ms: {shown}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"env": env, "table": table, "runs": runs}, fh, indent=2)

@@ -6,7 +6,7 @@ import os
 from traitlets import Bool, Enum, Float, List, Unicode, default
 from traitlets.config import Configurable
 
-from .warmup import FRAMEWORKS, OPS
+from .warmup import DEFAULT_OPS, FRAMEWORKS, OPS
 
 
 class GpuctxServer(Configurable):
@@ -39,8 +39,9 @@ class GpuctxServer(Configurable):
     ).tag(config=True)
 
     warm_ops = List(
-        Unicode(), default_value=list(OPS),
-        help=f"Operations the warm-up runs once CUDA is up; any of {', '.join(OPS)}.",
+        Unicode(), default_value=list(DEFAULT_OPS),
+        help=f"""Operations the warm-up runs once CUDA is up; any of {', '.join(OPS)}. 'backward'
+        is off by default: autograd's worker thread keeps ~100 MiB of library handles.""",
     ).tag(config=True)
 
     load_magics = Bool(

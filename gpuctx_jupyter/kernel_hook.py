@@ -114,12 +114,7 @@ class KernelHook:
         if mode == "off":
             return None
         inv = await asyncio.get_running_loop().run_in_executor(None, inventory.take)
-        devices = [d for d in inv.devices if not d.record.error]
-        if not devices:
-            return None
-        if mode == "round-robin":
-            return devices[next(self._rr) % len(devices)].ordinal
-        return max(devices, key=lambda d: (d.record.memory_free or 0, -d.ordinal)).ordinal
+        return pick_device(inv.devices, mode, self._rr)
 
     # -- kernels behind a gateway ------------------------------------------------------------
     def _warm_remote(self, kernel_id: str, plan: dict) -> None:
@@ -149,6 +144,17 @@ class KernelHook:
         finally:
             if client is not None:
                 client.stop_channels()
+
+
+def pick_device(devices, mode: str, turns) -> int | None:
+    """The CUDA ordinal a new kernel gets: 'least-used' (most free memory, lowest ordinal on a
+    tie) or 'round-robin' (the next healthy GPU in turn); None without a healthy GPU."""
+    healthy = [d for d in devices if not d.record.error]
+    if not healthy or mode == "off":
+        return None
+    if mode == "round-robin":
+        return healthy[next(turns) % len(healthy)].ordinal
+    return max(healthy, key=lambda d: (d.record.memory_free or 0, -d.ordinal)).ordinal
 
 
 async def _reply_for(client, msg_id: str) -> dict:

@@ -15,7 +15,7 @@ from IPython.display import display
 
 from . import doctor, hints, inventory
 from . import frameworks as fws
-from .warmup import FRAMEWORKS, OPS, Warmer
+from .warmup import DEFAULT_OPS, FRAMEWORKS, Warmer
 from .devices import SpecError, parse_spec
 from .render import Report, Section, gib, mib, pct, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
@@ -334,7 +334,7 @@ class GpuMagics(Magics):
         if missing:
             raise UsageError(f"{', '.join(missing)} is not installed in this kernel: install it or leave it out")
         device = self._resolve(args.spec)[1].ordinal if args.spec else None
-        if not self.warmer.start(names, OPS, device, source="%gpu warm"):
+        if not self.warmer.start(names, DEFAULT_OPS, device, source="%gpu warm"):
             print("gpuctx: a warm-up is already running: " + self.warmer.status.summary())
             return
         if args.wait:

@@ -34,6 +34,9 @@ if not log.handlers:
     log.propagate = False
 
 OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv", "backward")
+# backward is opt-in: autograd's first backward starts a per-GPU worker thread that keeps its own
+# cuBLAS/cuDNN handles (~100 MiB) for the kernel's life; only training notebooks pay that anyway.
+DEFAULT_OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv")
 # A first cell that names one of these will do its own first GPU work: the warm-up then stops
 # after its current phase instead of competing with it (import and CUDA start-up are shared).
 _GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|gpu|on_gpu)\b")
@@ -88,7 +91,7 @@ class GpuWarmup(Configurable):
 
     @default("ops")
     def _ops_default(self):
-        return _env_list("GPUCTX_WARM_OPS", list(OPS))
+        return _env_list("GPUCTX_WARM_OPS", list(DEFAULT_OPS))
 
     @default("imports")
     def _imports_default(self):
@@ -193,7 +196,7 @@ class Warmer:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, frameworks=("torch",), ops=OPS, device: int | None = None, source: str = "%gpu warm",
+    def start(self, frameworks=("torch",), ops=DEFAULT_OPS, device: int | None = None, source: str = "%gpu warm",
               imports=()) -> bool:
         """Start the thread (False when one is already running)."""
         with self._lock:
@@ -313,14 +316,13 @@ class Warmer:
             F.conv2d(img.half(), weight.half(), padding=1).sum().item()
 
         def backward():
+            # Autograd only: an optimizer's first step imports torch._dynamo, seconds of holding
+            # the GIL that would slow the user's cells instead of speeding them up.
             net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
                                       torch.nn.Linear(8 * 16 * 16, 10)).to(dev)
-            opt = torch.optim.Adam(net.parameters())
             loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)), torch.zeros(4, dtype=torch.long,
                                                                                          device=dev))
             loss.backward()
-            opt.step()
-            opt.zero_grad()
 
         steps = {"alloc": alloc, "elementwise": elementwise, "matmul fp32": lambda: (t["x"] @ t["y"]).sum().item(),
                  "matmul bf16": lambda: (t["x"].bfloat16() @ t["y"].bfloat16()).float().sum().item(),

@@ -11,7 +11,7 @@ from .test_server_hook import STATUS, status
 
 pytestmark = pytest.mark.gpu
 
-PHASES = {"import torch", "cuda init", "alloc", "elementwise", "matmul fp32", "matmul bf16", "conv", "backward", "sync"}
+PHASES = {"import torch", "cuda init", "alloc", "elementwise", "matmul fp32", "matmul bf16", "conv", "sync"}
 
 
 def test_every_phase_completes_and_the_first_gpu_cell_finds_cuda_ready(tmp_path):

@@ -188,3 +188,23 @@ def test_kernels_behind_a_gateway_are_warmed_on_start_and_restart(server_factory
         time.sleep(0.2)
     assert status(ks)["pid"] != st["pid"]
     ks.close()
+
+
+def test_device_assignment_policies():
+    import itertools
+    from dataclasses import replace
+
+    from gpuctx_jupyter.devices import VisibleDevice
+    from gpuctx_jupyter.kernel_hook import pick_device
+
+    from .conftest import h200
+
+    devs = [VisibleDevice(0, h200(0, used_gib=50)), VisibleDevice(1, h200(1, used_gib=5)),
+            VisibleDevice(2, h200(2, used_gib=5))]
+    assert pick_device(devs, "least-used", itertools.count()) == 1  # most free; the lower ordinal on a tie
+    turns = itertools.count()
+    assert [pick_device(devs, "round-robin", turns) for _ in range(4)] == [0, 1, 2, 0]
+    lost = [devs[0], VisibleDevice(1, replace(devs[1].record, error="GPU is lost")), devs[2]]
+    assert pick_device(lost, "least-used", itertools.count()) == 2
+    assert pick_device([], "least-used", itertools.count()) is None
+    assert pick_device(devs, "off", itertools.count()) is None
