@@ -240,6 +240,11 @@ class Warmer:
             for name in frameworks:
                 if name not in FRAMEWORKS:
                     raise ValueError(f"cannot warm {name!r}: choose from {', '.join(FRAMEWORKS)}")
+            missing = [name for name in frameworks if not fws.BY_NAME[name].installed()]
+            if missing:
+                st.state, st.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
+                return
+            for name in frameworks:
                 self._phase(f"import {name}", lambda: importlib.import_module(name))
             reason = self._cuda_reason(frameworks)
             if reason:

@@ -242,3 +242,25 @@ def test_post_import_hook_calls_back_after_the_module_ran(tmp_path, monkeypatch)
         sys.modules.pop("gpuctx_probe_pkg", None)
     assert seen == [("gpuctx_probe_pkg", 42)]
     assert type(gpuctx_probe_pkg.__loader__).__name__ == "SourceFileLoader"
+
+
+# -- %gpu warm --------------------------------------------------------------------------------------
+def test_warm_by_hand_without_gpu_imports_then_says_why(shell, capsys):
+    gpu(shell, "warm --wait")
+    out = capsys.readouterr().out
+    assert "gpuctx warm-up: skipped" in out and "no GPU is visible" in out and "import torch" in out
+    gpu(shell, "status")
+    assert "warm-up: skipped" in capsys.readouterr().out
+
+
+def test_warm_rejects_unknown_and_missing_frameworks(shell):
+    with pytest.raises(UsageError, match="cannot warm tensorflow: choose from torch, cupy, jax"):
+        gpu(shell, "warm --frameworks tensorflow")
+    with pytest.raises(UsageError, match="jax is not installed in this kernel"):
+        gpu(shell, "warm --frameworks jax")
+
+
+def test_on_gpu_time_needs_a_cuda_framework(shell, nvml_records, clean_env):
+    nvml_records([h200(0)])
+    with pytest.raises(UsageError, match="--time needs CUDA events: torch .* CPU-only build"):
+        shell.run_cell("%%on_gpu 0 --time\nx = 1").raise_error()

@@ -108,10 +108,10 @@ def test_gpuctx_warm_0_opts_out(server_factory):
 
 
 def test_a_failing_warm_up_is_recorded_logged_once_and_the_kernel_works_on(server_factory):
-    srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_frameworks=torch", "--GpuctxServer.warm_frameworks=jax")
+    srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_imports=gpuctx_no_such_module")
     ks = srv.channels(srv.start_kernel())
     st = status(ks)
-    assert st["state"] == "failed" and "import jax: ModuleNotFoundError" in st["detail"]
+    assert st["state"] == "failed" and "import gpuctx_no_such_module: ModuleNotFoundError" in st["detail"]
     r = ks.execute("%gpu status")
     assert "warm-up: failed" in r.text
     assert ks.execute("1 + 1").text == "2"
@@ -208,3 +208,11 @@ def test_device_assignment_policies():
     assert pick_device(lost, "least-used", itertools.count()) == 2
     assert pick_device([], "least-used", itertools.count()) is None
     assert pick_device(devs, "off", itertools.count()) is None
+
+
+def test_a_framework_that_is_not_installed_is_skipped_not_failed(server_factory):
+    srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_frameworks=jax")
+    ks = srv.channels(srv.start_kernel())
+    st = status(ks)
+    assert st["state"] == "skipped" and st["detail"] == "jax is not installed in this kernel"
+    ks.close()
