@@ -1,3 +1,9 @@
 """`%load_ext gpuctx` works through this module; everything lives in gpuctx_jupyter."""
 from gpuctx_jupyter import load_ipython_extension, unload_ipython_extension  # noqa: F401
 
+
+def monitor(*specs, interval: float = 1.0, history: float = 60.0):
+    """Display a live GPU monitor in the notebook and return it (`.close()` stops it)."""
+    from gpuctx_jupyter.monitor import monitor as _monitor
+
+    return _monitor(*specs, interval=interval, history=history)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
-from . import inventory
+from . import inventory, kernel_view
 from .devices import SpecError, parse_spec
 from .magics import GpuMagics
 from .switching import Choice
@@ -23,6 +24,7 @@ def load(ip) -> GpuMagics:
     ip.events.register("pre_run_cell", magics.pre_run_cell)
     ip.events.register("post_run_cell", magics.post_run_cell)
     magics.import_hook.install()
+    kernel_view.register(ip, magics)
     setattr(ip, _ATTR, magics)
     start_from_config(magics, GpuWarmup(parent=ip))
     return magics
@@ -56,6 +58,9 @@ def unload(ip) -> None:
     ip.events.unregister("pre_run_cell", magics.pre_run_cell)
     ip.events.unregister("post_run_cell", magics.post_run_cell)
     magics.import_hook.remove()
+    kernel_view.unregister(ip)
+    if "gpuctx_jupyter.monitor" in sys.modules:
+        sys.modules["gpuctx_jupyter.monitor"].close_all()
     magics.switcher.use(None)  # hands torch's default device back if we had set it
     for kind, names in magics.magics.items():
         table = ip.magics_manager.magics[kind]

@@ -20,7 +20,7 @@ from .devices import SpecError, parse_spec
 from .render import Report, Section, gib, mib, pct, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
 
-SUBCOMMANDS = ("list", "use", "status", "mem", "free", "doctor", "warm", "help")
+SUBCOMMANDS = ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "help")
 
 
 def _parser(prog: str, description: str) -> MagicArgumentParser:
@@ -43,6 +43,11 @@ WARM = _parser("%gpu warm", "Warm CUDA in a background thread now, so the next G
 WARM.add_argument("spec", nargs="?", help="the device to warm (default: this kernel's current device)")
 WARM.add_argument("--frameworks", default="torch", help=f"comma-separated, from {', '.join(FRAMEWORKS)}")
 WARM.add_argument("--wait", action="store_true", help="block until the warm-up has finished, then report it")
+
+MONITOR = _parser("%gpu monitor", "A live monitor of the GPUs, updated while other cells run.")
+MONITOR.add_argument("specs", nargs="*", help="GPUs to show (default: every visible one)")
+MONITOR.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
+MONITOR.add_argument("--history", type=float, default=60.0, help="seconds of history in the plot (default 60)")
 
 NO_ARGS = {name: _parser(f"%gpu {name}", "") for name in ("list", "status", "mem", "free", "doctor")}
 
@@ -104,6 +109,9 @@ class GpuMagics(Magics):
         %gpu warm [--wait]     start CUDA and run a first matmul and conv in a background
                                thread now, so the next GPU cell does not stall; the state
                                and phase times show in %gpu status
+        %gpu monitor [SPEC..]  a live monitor (utilisation, memory, temperature, power, a
+                               history plot, processes with this kernel marked); returns it:
+                               m = %gpu monitor --interval 0.5;  m.close() stops it
         %gpu doctor            driver, NVML, torch build, CUDA_VISIBLE_DEVICES, device
                                counts, persistence/MIG, fork safety, each with its fix
         %gpu help [SUBCOMMAND] this help, or one subcommand's options
@@ -133,6 +141,8 @@ class GpuMagics(Magics):
             USE.print_help()
         elif name == "warm":
             WARM.print_help()
+        elif name == "monitor":
+            MONITOR.print_help()
         elif name in ("on_gpu", "%%on_gpu"):
             ON_GPU.print_help()
         elif name in SUBCOMMANDS:
@@ -341,6 +351,23 @@ class GpuMagics(Magics):
             print("gpuctx warm-up: " + self.warmer.wait().summary())
         else:
             print("gpuctx: warming up in the background (`%gpu status` shows progress)")
+
+    def _gpu_monitor(self, rest):
+        args = MONITOR.parse_argstring(rest)
+        if not 0.05 <= args.interval <= 3600:
+            raise UsageError(f"--interval {args.interval:g} is out of range: give seconds between 0.05 and 3600")
+        if not args.interval <= args.history <= 86400:
+            raise UsageError(f"--history {args.history:g} must be at least the interval and at most 86400 s")
+        inv = inventory.take()
+        if inv.devices:
+            for spec in args.specs:
+                try:
+                    parse_spec(spec, inv.devices)
+                except SpecError as exc:
+                    raise UsageError(str(exc)) from None
+        from .monitor import monitor
+
+        return monitor(*args.specs, interval=args.interval, history=args.history)
 
     def _gpu_doctor(self, rest):
         NO_ARGS["doctor"].parse_argstring(rest)

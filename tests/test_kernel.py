@@ -61,3 +61,19 @@ def test_unload_removes_magics(kernel):
     assert r.reply["status"] == "error" and "not found" in r.reply["evalue"]
     assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
     assert run(kc, "%gpu").reply["status"] == "ok"
+
+
+def test_kernel_answers_gpuctx_request_on_the_control_channel_while_busy(kernel):
+    km, kc = kernel
+    run(kc, "%load_ext gpuctx")
+    msg_id = kc.execute("import time; time.sleep(3)")
+    time.sleep(0.5)  # the cell is running now
+    request = kc.session.msg("gpuctx_request", {})
+    t0 = time.monotonic()
+    kc.control_channel.send(request)
+    reply = kc.get_control_msg(timeout=5)
+    assert time.monotonic() - t0 < 2.5  # answered before the cell ended
+    assert reply["msg_type"] == "gpuctx_reply" and reply["content"]["status"] == "ok"
+    assert reply["content"]["pid"] > 0 and "warmup" in reply["content"]
+    kc.get_shell_msg(timeout=10)  # the cell's own reply
+    assert msg_id

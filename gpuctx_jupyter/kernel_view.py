@@ -1,0 +1,60 @@
+"""The kernel's answer to "what are you doing on the GPU?", asked over the control channel.
+
+The control channel is answered even while a cell runs, so a server (or a gateway in front of
+a remote kernel) learns a busy kernel's device, allocator figures and warm-up state at once.
+Message: `gpuctx_request` (empty content) → `gpuctx_reply` with `report()`'s content.
+"""
+from __future__ import annotations
+
+import os
+
+from . import frameworks as fws
+
+REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
+
+
+def report(magics) -> dict:
+    choice = magics.switcher.choice
+    torch = fws.TORCH
+    memory = []
+    if torch.loaded() and torch.initialized():
+        for i in range(torch.device_count()):
+            m = torch.memory(i)
+            if m and (m.reserved or m.peak):
+                memory.append({"ordinal": i, "framework": "torch", "allocated": m.allocated,
+                               "reserved": m.reserved, "peak": m.peak})
+    return {
+        "status": "ok",
+        "pid": os.getpid(),
+        "device": choice.ordinal if choice else (torch.current() if torch.loaded() and not torch.gpu_reason() else None),
+        "device_source": choice.source if choice else "CUDA's default",
+        "default_device": torch.default_device() if torch.loaded() else None,
+        "cuda_started": [fw.name for fw in fws.loaded() if fw.initialized()],
+        "frameworks": {fw.name: fw.loaded() for fw in fws.ALL},
+        "memory": memory,
+        "warmup": magics.warmer.status.as_dict(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def register(ip, magics) -> None:
+    """Answer `gpuctx_request` on the control channel of the ipykernel running `ip`, if any."""
+    kernel = getattr(ip, "kernel", None)
+    handlers = getattr(kernel, "control_handlers", None)
+    if handlers is None:
+        return
+
+    def handle(stream, ident, parent):
+        try:
+            content = report(magics)
+        except Exception as exc:  # the answer must come, whatever happens
+            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+        kernel.session.send(stream, REPLY, content, parent, ident)
+
+    handlers[REQUEST] = handle
+
+
+def unregister(ip) -> None:
+    handlers = getattr(getattr(ip, "kernel", None), "control_handlers", None)
+    if handlers is not None:
+        handlers.pop(REQUEST, None)

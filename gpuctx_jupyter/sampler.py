@@ -1,0 +1,149 @@
+"""One NVML sampler per process, shared by every viewer (monitor widgets in a kernel, browser
+clients of a server): it samples only while someone listens, at the fastest rate asked for,
+keeps a bounded history, and survives NVML errors and lost GPUs.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from . import inventory
+from .devices import GpuRecord
+
+
+@dataclass
+class Sample:
+    """One read of every GPU: what the viewers get on each tick."""
+
+    t: float  # time.time()
+    inventory: inventory.Inventory
+    cost_s: float = 0.0  # CPU time the read took in the sampler thread
+
+    @property
+    def records(self) -> list[GpuRecord]:
+        return self.inventory.records
+
+
+@dataclass
+class Point:
+    t: float
+    utilization: int | None
+    memory_used: int | None
+
+
+@dataclass
+class _Listener:
+    callback: object
+    interval: float
+    due: float = 0.0
+
+
+@dataclass
+class History:
+    """Utilisation and memory over the last `seconds`, per GPU UUID."""
+
+    seconds: float = 60.0
+    points: dict[str, deque] = field(default_factory=dict)
+
+    def add(self, sample: Sample) -> None:
+        for r in sample.records:
+            dq = self.points.setdefault(r.uuid, deque())
+            dq.append(Point(sample.t, r.utilization, r.memory_used))
+        self.trim(sample.t)
+
+    def trim(self, now: float) -> None:
+        cutoff = now - self.seconds
+        for dq in self.points.values():
+            while dq and dq[0].t < cutoff:
+                dq.popleft()
+
+    def of(self, uuid: str) -> list[Point]:
+        return list(self.points.get(uuid, ()))
+
+
+class Sampler:
+    """A daemon thread that reads NVML every `interval` seconds while anyone subscribes."""
+
+    def __init__(self, history_seconds: float = 600.0, read=inventory.take):
+        self._read = read
+        self._listeners: dict[int, _Listener] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.history = History(history_seconds)
+        self.latest: Sample | None = None
+        self.ticks = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def subscribe(self, callback, interval: float = 1.0) -> int:
+        """Call `callback(sample)` about every `interval` s from the sampler thread; returns a token."""
+        with self._lock:
+            token = id(callback) ^ int(time.monotonic_ns())
+            self._listeners[token] = _Listener(callback, max(0.05, float(interval)))
+            if not self.running:
+                self._thread = threading.Thread(target=self._loop, name="gpuctx-sampler", daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return token
+
+    def unsubscribe(self, token: int) -> None:
+        with self._lock:
+            self._listeners.pop(token, None)
+        self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Drop every listener and end the thread (kernel or server shutdown)."""
+        with self._lock:
+            self._listeners.clear()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                if not self._listeners:
+                    self._thread = None
+                    return
+                interval = min(lis.interval for lis in self._listeners.values())
+            t0 = time.thread_time()
+            try:
+                inv = self._read()
+            except Exception as exc:  # a driver reload or a lost GPU: show it, keep sampling
+                inv = inventory.Inventory(nvml_error=f"reading the GPUs failed: {type(exc).__name__}: {exc}")
+            sample = Sample(time.time(), inv)
+            sample.cost_s = time.thread_time() - t0
+            self.latest = sample
+            self.history.add(sample)
+            self.ticks += 1
+            now = time.monotonic()
+            with self._lock:
+                due = [lis for lis in self._listeners.values() if lis.due <= now]
+                for lis in due:
+                    lis.due = now + lis.interval * 0.95
+            for lis in due:
+                try:
+                    lis.callback(sample)
+                except Exception:  # one broken viewer must not stop the others
+                    pass
+            self._wake.wait(interval)
+            self._wake.clear()
+
+
+_process_sampler: Sampler | None = None
+_process_lock = threading.Lock()
+
+
+def process_sampler() -> Sampler:
+    """The one sampler of this process."""
+    global _process_sampler
+    with _process_lock:
+        if _process_sampler is None:
+            _process_sampler = Sampler()
+        return _process_sampler

@@ -1,0 +1,167 @@
+"""The live monitor: widgets built from samples, history, error state, the shared sampler."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+import pytest
+
+from gpuctx_jupyter import inventory
+from gpuctx_jupyter.devices import resolve_visibility
+from gpuctx_jupyter.monitor import GpuMonitor, sparkline
+from gpuctx_jupyter.sampler import History, Point, Sample, Sampler
+
+from .conftest import h200
+from .kernels import run, start, stop
+
+
+def fake_read(records):
+    """An inventory as NVML would give it for these records (NVML is the driver's, not ours)."""
+    def read():
+        inv = inventory.Inventory(records=list(records))
+        inv.visibility = resolve_visibility(inv.records, {})
+        return inv
+    return read
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def sampler_threads():
+    return [t for t in threading.enumerate() if t.name == "gpuctx-sampler"]
+
+
+def test_no_gpu_shows_one_line_with_the_reason():
+    mon = GpuMonitor(interval=0.05, sampler=Sampler())
+    try:
+        assert wait_for(lambda: "No GPU is visible" in mon.status.value)
+        assert "NVML reports" in mon.status.value and mon._body.children == ()
+    finally:
+        mon.close()
+
+
+def test_cards_built_from_samples_mark_this_kernel():
+    import os
+
+    records = [h200(0, used_gib=10, pids=(os.getpid(), 4242)), h200(1, used_gib=1)]
+    mon = GpuMonitor(interval=0.05, sampler=Sampler(read=fake_read(records)))
+    try:
+        assert wait_for(lambda: len(mon._body.children) == 2)
+        first = mon._body.children[0]
+        assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in first.title.value
+        assert first.mem.max == 141 * 1024**3 and first.mem.value == 10 * 1024**3
+        assert first.util.value == 0 and mon._body.children[1].util.value == 10
+        assert "◀ this kernel" in first.procs.value and "4242" in first.procs.value
+        assert "this kernel (NVML) 1.00 GiB" in first.numbers.value
+        assert "<svg" in first.plot.value
+    finally:
+        mon.close()
+
+
+def test_specs_choose_the_cards():
+    mon = GpuMonitor(["1"], interval=0.05, sampler=Sampler(read=fake_read([h200(0), h200(1)])))
+    try:
+        assert wait_for(lambda: len(mon._body.children) == 1)
+        assert "cuda:1" in mon._body.children[0].title.value
+    finally:
+        mon.close()
+
+
+def test_a_lost_gpu_shows_an_error_and_the_others_go_on():
+    records = [h200(0), replace(h200(1), error="GPU is lost", utilization=None, memory_used=None)]
+    sampler = Sampler(read=fake_read(records))
+    mon = GpuMonitor(interval=0.05, sampler=sampler)
+    try:
+        assert wait_for(lambda: len(mon._body.children) == 2)
+        lost = mon._body.children[1]
+        assert "error: GPU is lost" in lost.title.value and lost.util.bar_style == "danger"
+        assert mon._body.children[0].util.bar_style == "success"
+        ticks = sampler.ticks
+        assert wait_for(lambda: sampler.ticks >= ticks + 3)  # sampling goes on
+    finally:
+        mon.close()
+
+
+def test_nvml_failing_mid_run_never_stops_the_sampler():
+    calls = {"n": 0}
+    good = fake_read([h200(0)])
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise RuntimeError("driver reloaded")
+        return good()
+
+    sampler = Sampler(read=flaky)
+    mon = GpuMonitor(interval=0.05, sampler=sampler)
+    try:
+        assert wait_for(lambda: calls["n"] >= 6)
+        assert len(mon._body.children) == 1
+    finally:
+        mon.close()
+
+
+def test_history_keeps_only_the_window():
+    hist = History(seconds=10)
+    inv = fake_read([h200(0)])()
+    for t in range(21):
+        hist.add(Sample(float(t), inv))
+    points = hist.of(inv.records[0].uuid)
+    assert [p.t for p in points] == [float(t) for t in range(10, 21)]
+    svg = sparkline([Point(t, 50, 1) for t in range(0, 21)], now=20, window=5, total_memory=2)
+    assert svg.count("<polyline") == 2
+    assert svg.split("points='")[1].count(",") == 6  # t = 15..20 only
+
+
+def test_hundred_monitors_share_one_sampler_and_leave_no_thread():
+    sampler = Sampler(read=fake_read([h200(0)]))
+    monitors = [GpuMonitor(interval=0.05, sampler=sampler) for _ in range(100)]
+    thread = sampler._thread
+    assert thread.is_alive() and thread in sampler_threads()
+    assert wait_for(lambda: all(m._body.children for m in monitors))
+    assert sampler._thread is thread  # still the one thread
+    for m in monitors:
+        m.close()
+    assert wait_for(lambda: not thread.is_alive())
+    assert not sampler.running and thread not in sampler_threads()
+
+
+def test_bad_monitor_arguments(shell):
+    from IPython.core.error import UsageError
+
+    with pytest.raises(UsageError, match="--interval 0 is out of range"):
+        shell.run_line_magic("gpu", "monitor --interval 0")
+    with pytest.raises(UsageError, match="--history"):
+        shell.run_line_magic("gpu", "monitor --interval 5 --history 1")
+
+
+def test_in_a_kernel_updates_flow_while_another_cell_runs():
+    km, kc = start()
+    try:
+        r = run(kc, "%load_ext gpuctx\nm = %gpu monitor --interval 0.2")
+        views = [d for d in r.data if "application/vnd.jupyter.widget-view+json" in d]
+        assert len(views) == 1  # shown once, although the magic also returned it
+        msg_id = kc.execute("import time; time.sleep(3)")
+        updates, busy, deadline = 0, False, time.monotonic() + 10
+        while time.monotonic() < deadline:
+            msg = kc.get_iopub_msg(timeout=5)
+            mine = msg["parent_header"].get("msg_id") == msg_id
+            if mine and msg["msg_type"] == "status":
+                busy = msg["content"]["execution_state"] == "busy"
+                if not busy:
+                    break
+            if busy and msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update":
+                updates += 1
+        assert updates >= 2  # the status line ticks every second while the other cell sleeps
+        r = run(kc, "m.close(); import threading, time; time.sleep(0.5)\n"
+                    "print([t.name for t in threading.enumerate() if t.name == 'gpuctx-sampler'])")
+        assert r.stdout.strip() == "[]"
+    finally:
+        stop(km, kc)
