@@ -102,9 +102,54 @@ def own_pids() -> set[int]:
     return pids
 
 
+class OwnPids:
+    """Which NVML PIDs are this process, also inside a container, where NVML lists host PIDs
+    that /proc does not show. Three rules, in order:
+    1. our PID, or an outer PID that /proc/self/status NSpid lists;
+    2. learnt: when torch's reserved memory on a GPU changes by Δ between two reads and exactly
+       one unmatched NVML process on that GPU changed by the same Δ, that process is us;
+    3. alone: torch holds memory on a GPU and NVML lists exactly one process there.
+    """
+
+    def __init__(self):
+        self.pids = own_pids()
+        self.learnt: set[int] = set()
+        self._last: dict[str, tuple[int, dict[int, int]]] = {}  # uuid -> (our reserved, nvml used by pid)
+
+    def update(self, inv: Inventory) -> set[int]:
+        known = self.pids | self.learnt
+        reserved = _torch_reserved()
+        for d in inv.devices:
+            procs = {p.pid: p.used_memory or 0 for p in d.record.processes}
+            if known & procs.keys() or d.ordinal not in reserved:
+                self._last[d.record.uuid] = (reserved.get(d.ordinal, 0), procs)
+                continue
+            mine = reserved[d.ordinal]
+            last = self._last.get(d.record.uuid)
+            if last is not None and mine != last[0]:
+                delta = mine - last[0]
+                moved = [pid for pid, used in procs.items() if pid in last[1] and used - last[1][pid] == delta]
+                if len(moved) == 1:
+                    self.learnt.add(moved[0])
+            if len(procs) == 1 and mine > 0:
+                self.learnt.add(next(iter(procs)))
+            self._last[d.record.uuid] = (mine, procs)
+        return self.pids | self.learnt
+
+
+def _torch_reserved() -> dict[int, int]:
+    torch = fws.TORCH
+    if not (torch.loaded() and torch.initialized()):
+        return {}
+    return {i: torch.mod.cuda.memory_reserved(i) for i in range(torch.device_count())}
+
+
+_own = OwnPids()
+
+
 def process_memory(inv: Inventory, pids: set[int] | None = None) -> dict[int, int]:
     """GPU memory NVML attributes to this process, by CUDA ordinal."""
-    pids = own_pids() if pids is None else pids
+    pids = _own.update(inv) if pids is None else pids
     out = {}
     for d in inv.devices:
         used = [p.used_memory or 0 for p in d.record.processes if p.pid in pids]

@@ -127,7 +127,7 @@ class GpuMonitor(widgets.VBox):
         self.stop_button.on_click(lambda _: self.close())
         self.cards: dict[str, _Card] = {}
         self._body = widgets.VBox()
-        self._pids = inventory.own_pids()
+        self._own = inventory.OwnPids()
         self._displayed_at: int | None = None
         super().__init__([widgets.HBox([self.status, self.stop_button]), self._body])
         _open.add(self)
@@ -143,6 +143,7 @@ class GpuMonitor(widgets.VBox):
             self._body.children = ()
             return
         devices = [d for d in inv.devices if self._wanted(d)]
+        pids = self._own.update(inv)
         self.status.value = html.escape(f"gpuctx monitor · {len(devices)} GPU(s) · every {self.interval:g} s · "
                                         f"last {self.window:g} s · {stamp}")
         fresh = False
@@ -151,7 +152,7 @@ class GpuMonitor(widgets.VBox):
                 self.cards[d.record.uuid] = _Card()
                 fresh = True
             self.cards[d.record.uuid].show(card_view(d, sample, self.sampler.history.of(d.record.uuid),
-                                                     self.window, self._pids))
+                                                     self.window, pids))
         if fresh or len(self._body.children) != len(devices):
             self._body.children = tuple(self.cards[d.record.uuid] for d in devices)
 

@@ -21,7 +21,7 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv 
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
 status=0
 python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
-for bench in benchmarks/on_gpu_overhead.py benchmarks/first_cell.py; do
+for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py benchmarks/first_cell.py; do
   python3 "$bench" --json "$results/$(basename "$bench" .py).json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
 done
 exit $status

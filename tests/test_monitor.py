@@ -165,3 +165,23 @@ def test_in_a_kernel_updates_flow_while_another_cell_runs():
         assert r.stdout.strip() == "[]"
     finally:
         stop(km, kc)
+
+
+def test_this_kernel_is_found_in_a_container_where_nvml_lists_host_pids(monkeypatch):
+    """NVML reports host PIDs (5555, 6666) that are not ours; torch's reserved memory tells."""
+    from gpuctx_jupyter.devices import GpuProcess
+
+    def inv_with(procs):
+        return fake_read([replace(h200(0), processes=tuple(GpuProcess(p, m, "compute") for p, m in procs))])()
+
+    own = inventory.OwnPids()
+    reserved = {0: 0}
+    monkeypatch.setattr(inventory, "_torch_reserved", lambda: dict(reserved))
+    mib = 1024**2
+    assert own.update(inv_with([(5555, 500 * mib), (6666, 700 * mib)])) == own.pids  # nothing known yet
+    reserved[0] = 20 * mib  # we allocated: torch reserved 20 MiB more ...
+    found = own.update(inv_with([(5555, 500 * mib), (6666, 720 * mib)]))  # ... and so did host pid 6666
+    assert 6666 in found and 5555 not in found
+
+    alone = inventory.OwnPids()
+    assert 7777 in alone.update(inv_with([(7777, 600 * mib)]))  # the only process while we hold memory
