@@ -80,3 +80,12 @@ def clean_env(monkeypatch):
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(var, raising=False)
     return os.environ
+
+
+def kernel_config_env(tmp_path, policy: str = "always") -> dict:
+    """The environment of a kernel configured to warm by its own config (the VS Code / JupyterHub route)."""
+    profile = tmp_path / "ipython" / "profile_default"
+    profile.mkdir(parents=True, exist_ok=True)
+    (profile / "ipython_kernel_config.py").write_text(
+        f'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "{policy}"\n')
+    return {"IPYTHONDIR": str(tmp_path / "ipython")}

@@ -9,12 +9,29 @@ from jupyter_client.manager import start_new_kernel
 
 @dataclass
 class Run:
+    """What one executed cell produced, as a frontend sees it."""
+
     reply: dict
     stdout: str = ""
     stderr: str = ""
     data: list[dict] = field(default_factory=list)  # display_data / execute_result bundles
     error: dict | None = None
     messages: list[dict] = field(default_factory=list)
+    seconds: float = 0.0  # request sent -> reply and idle received (when measured)
+
+    def absorb(self, msg: dict) -> None:
+        """Add one iopub message of this cell."""
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            if content["name"] == "stdout":
+                self.stdout += content["text"]
+            else:
+                self.stderr += content["text"]
+        elif kind in ("display_data", "execute_result"):
+            self.data.append(content["data"])
+        elif kind == "error":
+            self.error = content
+            self.stderr += "\n".join(content.get("traceback", []))
 
     @property
     def text(self) -> str:
@@ -30,16 +47,7 @@ def run(kc, code: str, timeout: float = 60) -> Run:
     reply = kc.execute_interactive(code, output_hook=msgs.append, timeout=timeout, allow_stdin=False)
     out = Run(reply=reply["content"], messages=msgs)
     for m in msgs:
-        kind, content = m["msg_type"], m["content"]
-        if kind == "stream":
-            if content["name"] == "stdout":
-                out.stdout += content["text"]
-            else:
-                out.stderr += content["text"]
-        elif kind in ("display_data", "execute_result"):
-            out.data.append(content["data"])
-        elif kind == "error":
-            out.error = content
+        out.absorb(m)
     return out
 
 

@@ -12,9 +12,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
 
 import websocket  # websocket-client, a jupyter_server dependency
+
+from .kernels import Run
 
 
 def free_port() -> int:
@@ -103,19 +104,6 @@ class Server:
             self._log.close()
 
 
-@dataclass
-class Run:
-    reply: dict
-    stdout: str = ""
-    stderr: str = ""
-    data: list = field(default_factory=list)
-    seconds: float = 0.0  # request sent -> reply and idle received
-
-    @property
-    def text(self) -> str:
-        return self.stdout + self.stderr + "".join(d.get("text/plain", "") for d in self.data)
-
-
 class KernelSocket:
     """The kernel's websocket, JSON messages on the default protocol, like JupyterLab's."""
 
@@ -166,15 +154,8 @@ class KernelSocket:
                 run = content
             elif kind == "status" and content.get("execution_state") == "idle":
                 idle = True
-            elif kind == "stream":
-                if content["name"] == "stdout":
-                    out.stdout += content["text"]
-                else:
-                    out.stderr += content["text"]
-            elif kind in ("display_data", "execute_result"):
-                out.data.append(content["data"])
-            elif kind == "error":
-                out.stderr += "\n".join(content.get("traceback", []))
+            else:
+                out.absorb(msg)
         out.reply, out.seconds = run, time.perf_counter() - t0
         return out
 

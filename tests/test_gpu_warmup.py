@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from .conftest import kernel_config_env
 from .kernels import run, start, stop
 from .serverproc import Server
 from .test_server_hook import STATUS, status
@@ -15,11 +16,7 @@ PHASES = {"import torch", "cuda init", "alloc", "elementwise", "matmul fp32", "m
 
 
 def test_every_phase_completes_and_the_first_gpu_cell_finds_cuda_ready(tmp_path):
-    profile = tmp_path / "ipython" / "profile_default"
-    profile.mkdir(parents=True)
-    (profile / "ipython_kernel_config.py").write_text(
-        'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "always"\n')
-    km, kc = start(env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    km, kc = start(env=kernel_config_env(tmp_path))
     try:
         st = json.loads(run(kc, STATUS.format(wait=120)).stdout.strip().splitlines()[-1])
         assert st["state"] == "done", st

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from .conftest import kernel_config_env
 from .kernels import run as kernel_run
 from .kernels import start as kernel_start
 from .kernels import stop as kernel_stop
@@ -130,11 +131,7 @@ def test_never_leaves_kernels_alone(server_factory):
 
 def test_kernel_config_alone_turns_warming_on(tmp_path):
     """The route for kernels jupyter_server does not start (VS Code, JupyterHub images)."""
-    profile = tmp_path / "ipython" / "profile_default"
-    profile.mkdir(parents=True)
-    (profile / "ipython_kernel_config.py").write_text(
-        'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "always"\n')
-    km, kc = kernel_start(env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    km, kc = kernel_start(env=kernel_config_env(tmp_path))
     try:
         r = kernel_run(kc, STATUS.format(wait=60))
         st = json.loads(r.stdout.strip().splitlines()[-1])
