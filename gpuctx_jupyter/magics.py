@@ -318,7 +318,8 @@ class GpuMagics(Magics):
         loaded = [fw for fw in fws.loaded() if not fw.gpu_reason()]
         collected = gc.collect()
         if not loaded:
-            print(f"gpuctx: nothing to free: no GPU framework is loaded in this kernel (gc collected {collected} objects)")
+            why = "; ".join(fw.gpu_reason() for fw in fws.loaded()) or "no GPU framework is imported in this kernel"
+            print(f"gpuctx: nothing to free on a GPU: {why} (gc collected {collected} objects)")
             return
         before = inventory.process_memory(inventory.take())
         released = {fw.name: fw.release_cached() for fw in loaded}
