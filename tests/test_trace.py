@@ -1,0 +1,57 @@
+"""Recorded traces: records survive the round trip; replay loops in real time and is labelled."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpuctx_jupyter import trace
+
+from .conftest import NO_GPU, h200
+
+
+def write_trace(path, samples, interval=1.0):
+    with open(path, "w") as fh:
+        fh.write(json.dumps({"gpuctx_trace": 1, "recorded": "2026-11-29T16:00:00+0000", "host": "h200-box",
+                             "driver": "580.159.04", "interval": interval}) + "\n")
+        for t, records in samples:
+            fh.write(json.dumps({"t": t, "records": [trace.record_to_dict(r) for r in records]}) + "\n")
+
+
+def test_records_round_trip():
+    r = h200(1, used_gib=7, pids=(11, 12))
+    assert trace.record_from_dict(json.loads(json.dumps(trace.record_to_dict(r)))) == r
+
+
+def test_replay_plays_in_time_and_loops(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [(0.0, [h200(0, used_gib=1)]), (1.0, [h200(0, used_gib=2)]), (2.0, [h200(0, used_gib=3)])])
+    now = [100.0]
+    replay = trace.Replay(str(path), clock=lambda: now[0])
+    used = []
+    for dt in (0.0, 1.2, 2.5, 3.1):  # 3.1 s: the 3-second trace has looped
+        now[0] = 100.0 + dt
+        used.append(replay.read({}).devices[0].record.memory_used // 1024**3)
+    assert used == [1, 2, 3, 1]
+    assert replay.label == {"source": str(path), "recorded": "2026-11-29T16:00:00+0000", "host": "h200-box",
+                            "driver": "580.159.04"}
+
+
+def test_replay_honours_cuda_visible_devices(tmp_path):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [(0.0, [h200(0), h200(1)])])
+    inv = trace.Replay(str(path)).read({"CUDA_VISIBLE_DEVICES": "1"})
+    assert [(d.ordinal, d.record.nvml_index) for d in inv.devices] == [(0, 1)]
+
+
+def test_not_a_trace_is_refused(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_text('{"hello": 1}\n')
+    with pytest.raises(ValueError, match="not a gpuctx trace"):
+        trace.Replay(str(path))
+
+
+@pytest.mark.skipif(NO_GPU is None, reason="a GPU is visible here")
+def test_recording_without_a_gpu_says_why(tmp_path, capsys):
+    with pytest.raises(SystemExit, match="cannot record: .*libnvidia-ml"):
+        trace.main(["record", "--seconds", "1", "--out", str(tmp_path / "t.jsonl")])
