@@ -34,6 +34,7 @@ def report(magics) -> dict:
         "memory": memory,
         "warmup": magics.warmer.status.as_dict(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "pooled": "GPUCTX_POOLED" in os.environ,  # handed out by the server's warm kernel pool
     }
 
 

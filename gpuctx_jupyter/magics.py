@@ -243,6 +243,9 @@ class GpuMagics(Magics):
             "CUDA started by: " + (", ".join(started) if started else "nothing yet (no CUDA context in this kernel)"),
             "warm-up: " + self.warmer.status.summary(),
         ]
+        pooled = os.environ.get("GPUCTX_POOLED")
+        if pooled:
+            head.append(f"kernel: from gpuctx's warm pool (started and warmed {pooled} s before you asked for it)")
         reason = inv.no_gpu_reason()
         if reason:
             head.append(f"no GPU is visible: {reason}")
@@ -270,7 +273,7 @@ class GpuMagics(Magics):
             sections.append(Section("this kernel's GPU memory", ["device", "framework", "allocated", "reserved", "peak"],
                                     mem))
         return Report(sections, data={"choice": choice.__dict__ if choice else None, "frameworks": fw_data,
-                                      "warmup": self.warmer.status.as_dict(),
+                                      "warmup": self.warmer.status.as_dict(), "pooled": pooled is not None,
                                       "cuda_started": started, "no_gpu_reason": reason})
 
     def _memory_rows(self, inv) -> list[list[str]]:
