@@ -21,6 +21,10 @@ def unload_ipython_extension(ip):
     unload(ip)
 
 
+def _jupyter_labextension_paths():
+    return [{"src": "labextension", "dest": "gpuctx-jupyterlab"}]
+
+
 def _jupyter_server_extension_points():
     return [{"module": "gpuctx_jupyter"}]
 

@@ -1,0 +1,45 @@
+/** The gpuctx server's routes, through JupyterLab's own connection settings (token, XSRF). */
+import { URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+
+import { IKernelView, ISnapshot, KernelAction } from './types';
+
+const API = 'gpuctx/api';
+
+async function request<T>(settings: ServerConnection.ISettings, path: string, init: RequestInit = {}): Promise<T> {
+  const url = URLExt.join(settings.baseUrl, API, path);
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  if (!response.ok) {
+    throw await ServerConnection.ResponseError.create(response);
+  }
+  const text = await response.text();
+  return (text ? JSON.parse(text) : {}) as T;
+}
+
+export function fetchDevices(settings: ServerConnection.ISettings): Promise<ISnapshot> {
+  return request<ISnapshot>(settings, 'devices');
+}
+
+export function fetchKernelView(settings: ServerConnection.ISettings, kernelId: string): Promise<IKernelView> {
+  return request<IKernelView>(settings, `kernels/${encodeURIComponent(kernelId)}`);
+}
+
+export function kernelAction(
+  settings: ServerConnection.ISettings,
+  kernelId: string,
+  action: KernelAction
+): Promise<{ status: string }> {
+  return request(settings, `kernels/${encodeURIComponent(kernelId)}/${action}`, { method: 'POST' });
+}
+
+/**
+ * The stream's websocket URL, built the way @jupyterlab/services builds a kernel's: from
+ * `wsUrl`, with the token appended only where the settings say a cookie will not carry it.
+ */
+export function streamUrl(settings: ServerConnection.ISettings, interval: number): string {
+  let url = URLExt.join(settings.wsUrl, API, 'stream') + `?interval=${encodeURIComponent(String(interval))}`;
+  if (settings.appendToken && settings.token) {
+    url += `&token=${encodeURIComponent(settings.token)}`;
+  }
+  return url;
+}

@@ -1,0 +1,34 @@
+/**
+ * When to try the stream again after it dropped (the server restarted, the network blinked):
+ * exponential back-off with a ceiling, and a little jitter so that many open tabs do not all
+ * knock at the same instant.
+ */
+
+export interface IBackoffOptions {
+  /** First delay, milliseconds. */
+  initial: number;
+  /** Each further attempt waits this many times longer. */
+  factor: number;
+  /** Ceiling, milliseconds. */
+  max: number;
+  /** Up to this fraction of the delay is added at random (0 = none). */
+  jitter: number;
+}
+
+export const DEFAULT_BACKOFF: IBackoffOptions = { initial: 500, factor: 2, max: 30000, jitter: 0.2 };
+
+/** Milliseconds to wait before reconnect attempt `attempt` (0 = the first retry). */
+export function backoffDelay(
+  attempt: number,
+  options: IBackoffOptions = DEFAULT_BACKOFF,
+  random: () => number = Math.random
+): number {
+  const n = Math.max(0, Math.floor(attempt));
+  const base = Math.min(options.max, options.initial * Math.pow(options.factor, n));
+  return Math.round(Math.min(options.max, base * (1 + options.jitter * random())));
+}
+
+/** The delays of the first `count` attempts without jitter, for docs and tests. */
+export function backoffSchedule(count: number, options: IBackoffOptions = DEFAULT_BACKOFF): number[] {
+  return Array.from({ length: count }, (_, i) => backoffDelay(i, { ...options, jitter: 0 }));
+}

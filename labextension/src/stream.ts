@@ -1,0 +1,237 @@
+/**
+ * The one connection to the server's GPU stream that the whole page shares.
+ *
+ * Open only while someone needs data (the panel is visible, or a status-bar item is shown):
+ * consumers say so with `demand(key, on)`. A dropped connection is retried with exponential
+ * back-off; a REST read fills the gap so that a newly shown panel is never empty while the
+ * stream's first tick is on its way. The socket and timers are injected, so this is tested
+ * without a browser or a server.
+ */
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { backoffDelay, DEFAULT_BACKOFF, IBackoffOptions } from './backoff';
+import { IHello, ISnapshot } from './types';
+
+export type StreamState = 'idle' | 'connecting' | 'open' | 'waiting';
+
+/** What the stream needs from a WebSocket (the browser's, or a fake in tests). */
+export interface ISocket {
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: unknown) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+  close(code?: number, reason?: string): void;
+}
+
+export interface IStreamOptions {
+  /** The stream's URL for an interval in seconds (with the token where one is needed). */
+  url: (interval: number) => string;
+  openSocket: (url: string) => ISocket;
+  /** One REST read of the snapshot, used when the stream (re)starts. */
+  fetchSnapshot?: () => Promise<ISnapshot>;
+  interval: number;
+  backoff?: IBackoffOptions;
+  random?: () => number;
+  setTimeout?: (fn: () => void, ms: number) => unknown;
+  clearTimeout?: (handle: unknown) => void;
+}
+
+export class GpuStream {
+  constructor(private _options: IStreamOptions) {
+    this._interval = _options.interval;
+  }
+
+  get state(): StreamState {
+    return this._state;
+  }
+
+  get snapshot(): ISnapshot | null {
+    return this._snapshot;
+  }
+
+  /** The interval the server granted (it clamps requests to its limits). */
+  get grantedInterval(): number | null {
+    return this._granted;
+  }
+
+  get interval(): number {
+    return this._interval;
+  }
+
+  /** How many reconnects have failed in a row (reset by the first message). */
+  get attempts(): number {
+    return this._attempts;
+  }
+
+  get snapshotChanged(): ISignal<this, ISnapshot> {
+    return this._snapshotChanged;
+  }
+
+  get stateChanged(): ISignal<this, StreamState> {
+    return this._stateChanged;
+  }
+
+  /** `key` needs data (`on`), or no longer does. The socket is open while any key does. */
+  demand(key: string, on: boolean): void {
+    if (on) {
+      this._demand.add(key);
+    } else {
+      this._demand.delete(key);
+    }
+    this._reconcile();
+  }
+
+  get wanted(): boolean {
+    return this._demand.size > 0 && !this._disposed;
+  }
+
+  /** A new refresh rate: reconnect with it if the stream is running. */
+  setInterval(seconds: number): void {
+    if (!(seconds > 0) || seconds === this._interval) {
+      return;
+    }
+    this._interval = seconds;
+    if (this._socket) {
+      this._closeSocket();
+      this._attempts = 0;
+      this._connect();
+    }
+  }
+
+  dispose(): void {
+    this._disposed = true;
+    this._demand.clear();
+    this._stop();
+    Signal.clearData(this);
+  }
+
+  private _reconcile(): void {
+    if (this.wanted && this._state === 'idle') {
+      this._attempts = 0;
+      void this._refresh();
+      this._connect();
+    } else if (!this.wanted && this._state !== 'idle') {
+      this._stop();
+    }
+  }
+
+  private async _refresh(): Promise<void> {
+    if (!this._options.fetchSnapshot) {
+      return;
+    }
+    try {
+      const snapshot = await this._options.fetchSnapshot();
+      if (this.wanted) {
+        this._publish(snapshot);
+      }
+    } catch {
+      // The stream's retries report the state; a failed first read changes nothing.
+    }
+  }
+
+  private _connect(): void {
+    this._setState('connecting');
+    const socket = this._options.openSocket(this._options.url(this._interval));
+    this._socket = socket;
+    socket.onopen = () => {
+      if (this._socket === socket) {
+        this._setState('open');
+      }
+    };
+    socket.onmessage = ev => {
+      if (this._socket === socket) {
+        this._onMessage(ev.data);
+      }
+    };
+    socket.onerror = () => {
+      // onclose follows and schedules the retry.
+    };
+    socket.onclose = () => {
+      if (this._socket !== socket) {
+        return;
+      }
+      this._socket = null;
+      if (this.wanted) {
+        this._scheduleRetry();
+      } else {
+        this._setState('idle');
+      }
+    };
+  }
+
+  private _onMessage(data: unknown): void {
+    let msg: (ISnapshot | IHello) & { type?: string };
+    try {
+      msg = JSON.parse(String(data));
+    } catch {
+      return;
+    }
+    this._attempts = 0;
+    if (msg.type === 'hello') {
+      this._granted = (msg as IHello).interval;
+      return;
+    }
+    if (Array.isArray((msg as ISnapshot).devices)) {
+      this._publish(msg as ISnapshot);
+    }
+  }
+
+  private _publish(snapshot: ISnapshot): void {
+    if (this._snapshot && snapshot.time < this._snapshot.time) {
+      return; // an older REST answer that arrived after a stream message
+    }
+    this._snapshot = snapshot;
+    this._snapshotChanged.emit(snapshot);
+  }
+
+  private _scheduleRetry(): void {
+    const delay = backoffDelay(this._attempts, this._options.backoff ?? DEFAULT_BACKOFF, this._options.random);
+    this._attempts++;
+    this._setState('waiting');
+    const set = this._options.setTimeout ?? ((fn, ms) => window.setTimeout(fn, ms));
+    this._timer = set(() => {
+      this._timer = null;
+      if (this.wanted) {
+        void this._refresh();
+        this._connect();
+      }
+    }, delay);
+  }
+
+  private _stop(): void {
+    if (this._timer !== null) {
+      (this._options.clearTimeout ?? (h => window.clearTimeout(h as number)))(this._timer);
+      this._timer = null;
+    }
+    this._closeSocket();
+    this._setState('idle');
+  }
+
+  private _closeSocket(): void {
+    const socket = this._socket;
+    this._socket = null;
+    if (socket) {
+      socket.onopen = socket.onmessage = socket.onerror = socket.onclose = null;
+      socket.close(1000, 'not needed');
+    }
+  }
+
+  private _setState(state: StreamState): void {
+    if (state !== this._state) {
+      this._state = state;
+      this._stateChanged.emit(state);
+    }
+  }
+
+  private _interval: number;
+  private _granted: number | null = null;
+  private _state: StreamState = 'idle';
+  private _socket: ISocket | null = null;
+  private _timer: unknown = null;
+  private _attempts = 0;
+  private _disposed = false;
+  private _demand = new Set<string>();
+  private _snapshot: ISnapshot | null = null;
+  private _snapshotChanged = new Signal<this, ISnapshot>(this);
+  private _stateChanged = new Signal<this, StreamState>(this);
+}

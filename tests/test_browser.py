@@ -1,0 +1,155 @@
+"""The JupyterLab extension in a real JupyterLab, in Debian's Chromium: the GPU panel, the
+status-bar item and a kernel action, as a person sees and uses them. No GPU here: what is
+asserted is the no-GPU state with the server's own reason (CUDA_VISIBLE_DEVICES="" makes a GPU
+machine look the same), and that the panel's buttons really act on a running kernel."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from .browser.lab import Browser, missing_browser
+from .serverproc import Server
+
+REPO = Path(__file__).resolve().parent.parent
+IMG = REPO / "docs" / "img"
+
+why_not = missing_browser()
+if why_not and os.environ.get("CI"):
+    raise RuntimeError(f"browser tests cannot run on CI: {why_not}")
+pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
+
+NOTEBOOK = {
+    "cells": [{"cell_type": "code", "execution_count": None, "id": "sleepy", "metadata": {}, "outputs": [],
+               "source": "import time\ntime.sleep(60)\nprint('slept', 'on')"}],
+    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+    "nbformat": 4, "nbformat_minor": 5,
+}
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    (root / "sleep.ipynb").write_text(json.dumps(NOTEBOOK))
+    server = Server(str(root), app="jupyterlab", env={"CUDA_VISIBLE_DEVICES": ""}, args=[
+        "--LabApp.expose_app_in_browser=True",       # window.jupyterapp: switch themes from the test
+        "--LabApp.news_url=None",                    # no fetch of JupyterLab's news feed (no network)
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ])
+    server.start(timeout=120)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def page(lab, browser):
+    page = browser.page()
+    page.goto(f"{lab.url}/lab/tree/sleep.ipynb?reset&token={lab.token}")
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    kernel_idle(page)
+    yield page
+    page.close()
+
+
+def kernel_idle(page, timeout: float = 60_000) -> None:
+    page.wait_for_function(
+        "() => { const a = window.jupyterapp; const nb = a && a.shell.currentWidget;"
+        " const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;"
+        " return !!k && k.status === 'idle'; }", timeout=timeout)
+
+
+def shoot(page, panel, path: Path) -> None:
+    """The panel down to its last section (the sidebar below it is empty), for the README."""
+    box = panel.bounding_box()
+    bottom = panel.evaluate("n => Math.max(...Array.from(n.children).map(c => c.getBoundingClientRect().bottom))")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"],
+                                          "height": min(box["height"], bottom - box["y"] + 12)})
+
+
+def open_panel(page):
+    panel = page.locator("#gpuctx-panel")
+    if not panel.is_visible():
+        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]').click()
+    panel.wait_for(state="visible")
+    return panel
+
+
+def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
+    status, snapshot = lab.api("GET", "/gpuctx/api/devices")
+    assert status == 200 and snapshot["gpu"] is False and snapshot["reason"], snapshot
+    panel = open_panel(page)
+    no_gpu = panel.locator(".jp-gpuctx-nogpu")
+    no_gpu.wait_for(state="visible")
+    page.wait_for_function("r => document.querySelector('#gpuctx-panel .jp-gpuctx-nogpu').textContent.includes(r)",
+                           arg=snapshot["reason"])
+    assert no_gpu.inner_text() == f"No GPU: {snapshot['reason']}"
+    assert no_gpu.get_attribute("role") == "status"
+    assert panel.locator(".jp-gpuctx-card").count() == 0
+    assert panel.get_by_role("heading", name="GPUs").is_visible()
+    assert panel.locator(".jp-gpuctx-replay").is_hidden()
+    # the stream is live, and the notebook section names the active notebook
+    page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-connection').dataset.state === 'open'")
+    assert "sleep.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
+    shoot(page, panel, IMG / "panel-light.png")
+    assert browser.errors == []
+
+
+def test_status_bar_says_no_gpu_and_opens_the_panel(page, browser):
+    item = page.locator(".jp-gpuctx-status-button")
+    item.wait_for(state="visible")
+    page.wait_for_function("() => document.querySelector('.jp-gpuctx-status-button').textContent === 'no GPU'")
+    assert "No GPU" in item.get_attribute("aria-label")
+    page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
+    page.locator("#gpuctx-panel").wait_for(state="hidden")
+    item.click()
+    page.locator("#gpuctx-panel").wait_for(state="visible")
+    assert browser.errors == []
+
+
+def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
+    panel = open_panel(page)
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.keyboard.press("Shift+Enter")
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'",
+                           timeout=30_000)
+    time.sleep(1)  # inside time.sleep(60) by now
+    started = time.monotonic()
+    button = panel.locator('.jp-gpuctx-notebook button[data-action="interrupt"]')
+    assert button.get_attribute("aria-label") == "Interrupt the kernel of sleep.ipynb"
+    button.click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(state="visible")
+    assert "Interrupt the kernel of sleep.ipynb?" in dialog.inner_text()
+    dialog.locator("button.jp-mod-accept").click()
+    output = page.locator(".jp-Notebook .jp-OutputArea-output").first
+    output.wait_for(state="visible", timeout=30_000)
+    page.wait_for_function("() => document.querySelector('.jp-Notebook .jp-OutputArea').textContent.includes('KeyboardInterrupt')",
+                           timeout=30_000)
+    kernel_idle(page, timeout=30_000)
+    assert time.monotonic() - started < 30, "the cell ran on: the interrupt did not reach the kernel"
+    assert "slept on" not in page.locator(".jp-Notebook .jp-OutputArea").first.inner_text()
+    assert browser.errors == []
+
+
+def test_dark_theme_screenshot(page, browser):
+    panel = open_panel(page)
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    page.wait_for_timeout(500)  # the theme's CSS variables settle
+    bg = panel.evaluate("n => getComputedStyle(n).backgroundColor")
+    assert re.match(r"rgb\((\d+), (\d+), (\d+)\)", bg) and sum(map(int, re.findall(r"\d+", bg)[:3])) < 3 * 100, bg
+    shoot(page, panel, IMG / "panel-dark.png")
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    assert browser.errors == []
