@@ -30,7 +30,9 @@ class Framework:
         return sys.modules.get(self.module)
 
     def loaded(self) -> bool:
-        return self.module in sys.modules
+        """Imported and finished importing (a warm-up thread may be importing it right now)."""
+        mod = sys.modules.get(self.module)
+        return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
 
     def installed(self) -> bool:
         try:

@@ -80,6 +80,14 @@ class Sampler:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def set_source(self, read) -> None:
+        """Read from elsewhere than NVML (an explicit, labelled trace replay)."""
+        self._read = read
+
+    @property
+    def listeners(self) -> int:
+        return len(self._listeners)
+
     def subscribe(self, callback, interval: float = 1.0) -> int:
         """Call `callback(sample)` about every `interval` s from the sampler thread; returns a token."""
         with self._lock:
@@ -111,7 +119,11 @@ class Sampler:
                 if not self._listeners:
                     self._thread = None
                     return
-                interval = min(lis.interval for lis in self._listeners.values())
+                wait = min(lis.due for lis in self._listeners.values()) - time.monotonic()
+            if wait > 0.005:  # nobody is due yet (a new listener wakes us early)
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue
             t0 = time.thread_time()
             try:
                 inv = self._read()
@@ -124,16 +136,15 @@ class Sampler:
             self.ticks += 1
             now = time.monotonic()
             with self._lock:
-                due = [lis for lis in self._listeners.values() if lis.due <= now]
+                # Each listener gets its own rate: due again one interval after this read.
+                due = [lis for lis in self._listeners.values() if lis.due <= now + 0.005]
                 for lis in due:
-                    lis.due = now + lis.interval * 0.95
+                    lis.due = now + lis.interval
             for lis in due:
                 try:
                     lis.callback(sample)
                 except Exception:  # one broken viewer must not stop the others
                     pass
-            self._wake.wait(interval)
-            self._wake.clear()
 
 
 _process_sampler: Sampler | None = None

@@ -1,15 +1,29 @@
-"""Loading gpuctx into jupyter_server: settings and the kernel start/restart hook."""
+"""Loading gpuctx into jupyter_server: settings, the kernel start/restart hook and the GPU API."""
 from __future__ import annotations
 
 from .config import GpuctxServer
+from .handlers import setup_handlers
 from .kernel_hook import KernelHook
+from .pool import KernelPool
+from .sampler import process_sampler
+from .trace import Replay
 
 
 def load(serverapp) -> None:
     cfg = GpuctxServer(parent=serverapp)
     hook = KernelHook(serverapp, cfg, serverapp.log)
     hook.install()
-    serverapp.web_app.settings["gpuctx"] = {"config": cfg, "kernel_hook": hook}
+    replay = None
+    if cfg.replay_trace:
+        replay = Replay(cfg.replay_trace)
+        process_sampler().set_source(replay.read)
+        serverapp.log.warning("gpuctx: REPLAYING the recorded trace %s instead of live NVML", cfg.replay_trace)
+    api = setup_handlers(serverapp.web_app, serverapp, cfg, replay)
+    pool = None
+    if cfg.pool_size > 0 and not hook.gateway:
+        pool = KernelPool(serverapp, cfg, hook, serverapp.log)
+        pool.install()  # wraps the hook's start: adopt a standby, else start (and warm) a fresh one
+    serverapp.web_app.settings["gpuctx"] = {"config": cfg, "kernel_hook": hook, "api": api, "pool": pool}
     serverapp.log.info(
         "gpuctx: warming %s kernels (policy %s), device assignment %s%s",
         ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,

@@ -1,0 +1,132 @@
+"""Which of this server's kernels a GPU process belongs to.
+
+NVML lists the processes on a GPU by host PID. A kernel's GPU memory may sit in its own process
+or in processes it started (DataLoader workers, multiprocessing pools), and inside a container
+the PID NVML reports is not the one the server knows. So a kernel is matched by its own PID, its
+descendants' PIDs, each of those PIDs' outer aliases from /proc/<pid>/status NSpid, and the PID
+the kernel itself reported over its control channel. The mapping is plain data in, plain data
+out; the /proc and psutil reads are small functions beside it, so tests can point them elsewhere.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from .devices import GpuProcess
+
+try:
+    import psutil
+except ImportError:  # psutil comes with ipykernel, but the server side must not depend on it
+    psutil = None
+
+PROC = "/proc"
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """One kernel of this server, as the GPU API names it, and every PID NVML may list it under."""
+
+    id: str
+    name: str
+    execution_state: str | None
+    paths: tuple[str, ...] = ()  # notebook paths of the sessions using it
+    pids: frozenset[int] = frozenset()
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "name": self.name, "execution_state": self.execution_state,
+                "paths": list(self.paths)}
+
+
+def child_table() -> Callable[[int], Iterable[int]]:
+    """A function from a PID to its direct children's PIDs.
+
+    With psutil, the process table is read once here and shared by every kernel of a snapshot
+    (psutil's own `children()` rescans the whole table on every call); without it,
+    /proc/<pid>/task/*/children is read per PID on demand.
+    """
+    if psutil is None:
+        return proc_children
+    table: dict[int, list[int]] = defaultdict(list)
+    for p in psutil.process_iter(["ppid"]):
+        if p.info["ppid"] is not None:
+            table[p.info["ppid"]].append(p.pid)
+    return lambda pid: table.get(pid, ())
+
+
+def proc_children(pid: int, proc: str = PROC) -> list[int]:
+    children = []
+    for path in glob.glob(os.path.join(proc, str(pid), "task", "*", "children")):
+        try:
+            with open(path) as fh:
+                children.extend(int(p) for p in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def ns_pids(pid: int, proc: str = PROC) -> list[int]:
+    """The PIDs of `pid` in every PID namespace /proc shows, outermost first (NSpid)."""
+    try:
+        with open(os.path.join(proc, str(pid), "status")) as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(p) for p in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def process_name(pid: int, proc: str = PROC) -> str | None:
+    """The command name /proc shows for a PID, or None (another namespace, or already gone)."""
+    try:
+        with open(os.path.join(proc, str(pid), "comm")) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def kernel_pids(pid: int | None, reported: int | None, children: Callable[[int], Iterable[int]],
+                proc: str = PROC) -> frozenset[int]:
+    """Every PID under which NVML may list a kernel's GPU memory.
+
+    `pid` is the kernel process as this server launched it (None for a kernel it did not launch,
+    e.g. behind a gateway); `reported` is the PID the kernel gave itself, which lives in the
+    kernel's own PID namespace and so is taken as it is, never looked up in our /proc.
+    """
+    tree: set[int] = set()
+    todo = [pid] if pid else []
+    while todo:
+        p = todo.pop()
+        if p not in tree:
+            tree.add(p)
+            todo.extend(children(p))
+    pids = tree | {alias for p in tree for alias in ns_pids(p, proc)}
+    if reported:
+        pids.add(reported)
+    return frozenset(pids)
+
+
+def owners(kernels: Iterable[KernelInfo]) -> dict[int, KernelInfo]:
+    """PID → kernel; a PID claimed by two kernels (a recycled reported PID) goes to the first."""
+    table: dict[int, KernelInfo] = {}
+    for kernel in kernels:
+        for pid in kernel.pids:
+            table.setdefault(pid, kernel)
+    return table
+
+
+def describe(process: GpuProcess, by_pid: Mapping[int, KernelInfo],
+             name_of: Callable[[int], str | None] = process_name) -> dict:
+    """A GPU process for the API: its kernel where it is one of ours, else its name if /proc has it."""
+    entry = {"pid": process.pid, "used_memory": process.used_memory, "kind": process.kind}
+    kernel = by_pid.get(process.pid)
+    if kernel is not None:
+        entry["kernel"] = kernel.as_dict()
+    else:
+        name = name_of(process.pid)
+        if name:
+            entry["name"] = name
+    return entry

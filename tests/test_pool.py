@@ -1,0 +1,118 @@
+"""The warm kernel pool in a real jupyter_server with real kernels (no GPU here)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from gpuctx_jupyter.pool import Standby, compatible
+
+from .serverproc import Server
+from .test_server_hook import notebook
+
+
+def kernel_pids(srv) -> set[int]:
+    """Every ipykernel process the server has started (listed kernels and standbys)."""
+    out = set()
+    for child in psutil.Process(srv.proc.pid).children(recursive=True):
+        try:
+            if any("ipykernel" in part for part in child.cmdline()):
+                out.add(child.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def listed(srv) -> list[str]:
+    return [k["id"] for k in srv.api("GET", "/api/kernels")[1]]
+
+
+def wait_for(cond, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+@pytest.fixture
+def pool_server(tmp_path):
+    servers = []
+
+    def make(*args):
+        srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
+                                     "--MappingKernelManager.default_kernel_name=python3",
+                                     "--GpuctxServer.pool_size=1", *args]).start()
+        servers.append(srv)
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
+def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_path):
+    (tmp_path / "project").mkdir()
+    notebook(tmp_path / "project" / "train.ipynb", "import torch")
+    srv = pool_server()
+    standby = wait_for(lambda: kernel_pids(srv))
+    assert listed(srv) == []  # the standby is invisible
+    kid = srv.start_kernel(path="project/train.ipynb")
+    ks = srv.channels(kid)
+    r = ks.execute("import os, json; print(json.dumps([os.getcwd(), os.environ.get('JPY_SESSION_NAME'), os.getpid()]))")
+    cwd, session, pid = json.loads(r.stdout)
+    assert pid in standby  # the request was served by the standby, not a fresh kernel
+    assert cwd == str(tmp_path / "project") and session.endswith("train.ipynb")
+    assert "from gpuctx's warm pool" in ks.execute("%gpu status").text
+    assert listed(srv) == [kid]
+    wait_for(lambda: len(kernel_pids(srv)) == 2)  # refilled after the first request
+    ks.close()
+
+
+def test_standbys_are_exempt_from_the_culler_and_replaced_when_they_die(pool_server):
+    srv = pool_server("--MappingKernelManager.cull_idle_timeout=1", "--MappingKernelManager.cull_interval=1")
+    first = wait_for(lambda: kernel_pids(srv))
+    time.sleep(4)  # several culler rounds
+    assert kernel_pids(srv) == first and listed(srv) == []
+    os.kill(next(iter(first)), signal.SIGKILL)
+    second = wait_for(lambda: kernel_pids(srv) - first)
+    assert second and not (second & first)
+
+
+def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):
+    srv = pool_server()
+    wait_for(lambda: kernel_pids(srv))
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
+    before = int(ks.execute("x = 1; import os; print(os.getpid())").stdout)
+    standby = wait_for(lambda: kernel_pids(srv) - {before})  # the refill
+    assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
+    r = ks.execute("import os; print(os.getpid(), 'x' in dir())")  # the same websocket
+    pid, has_x = r.stdout.split()
+    assert int(pid) in standby and has_x == "False"
+    assert listed(srv) == [kid]
+    ks.close()
+
+
+def test_server_shutdown_leaves_no_kernel_process(pool_server):
+    srv = pool_server()
+    wait_for(lambda: kernel_pids(srv))
+    srv.start_kernel()
+    pids = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(kernel_pids(srv)))
+    srv.stop()
+    time.sleep(1)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_cuda_start_up_variable_that_differs_refuses_adoption():
+    env = {"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin"}
+    assert compatible(env, dict(env, PATH="/bin")) == []  # other variables are set at adoption
+    assert compatible(env, dict(env, CUDA_VISIBLE_DEVICES="1")) == ["CUDA_VISIBLE_DEVICES"]
+    assert compatible(env, {"PATH": "/usr/bin"}) == ["CUDA_VISIBLE_DEVICES"]
+    assert Standby(None, "python3", env, 0.0).pid is None
