@@ -69,6 +69,51 @@ def one_run(srv: Server, cell: str, idle: float) -> dict:
             "warmup": json.loads(warm.stdout.strip().splitlines()[-1]) if warm.stdout.strip() else {}}
 
 
+def pooled_run(srv: Server, cell: str) -> dict:
+    """New kernel and restart through a server with a warm pool: request -> first cell result."""
+    wait_standby(srv)
+    t0 = time.perf_counter()
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
+    first = ks.execute(cell)
+    new = time.perf_counter() - t0
+    if first.reply.get("status") != "ok":
+        raise RuntimeError(f"first cell failed: {first.stderr[-2000:]}")
+    wait_standby(srv)
+    t0 = time.perf_counter()
+    srv.api("POST", f"/api/kernels/{kid}/restart")
+    again = ks.execute(cell)  # the same websocket, as JupyterLab keeps it
+    restart = time.perf_counter() - t0
+    pooled = "from gpuctx's warm pool" in ks.execute("%gpu status").text
+    ks.close()
+    srv.api("DELETE", f"/api/kernels/{kid}")
+    return {"new_to_result": new, "restart_to_result": restart, "served_by_pool": pooled,
+            "first": first.seconds, "after_restart": again.seconds}
+
+
+def wait_standby(srv: Server, timeout: float = 120) -> None:
+    """Until the pool holds a warmed standby (the server's hidden kernel processes)."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    listed = lambda: len(srv.api("GET", "/api/kernels")[1])  # noqa: E731
+    while time.monotonic() < deadline:
+        kernels = [c for c in psutil.Process(srv.proc.pid).children(recursive=True)
+                   if any("ipykernel" in a for a in _cmdline(c))]
+        if len(kernels) > listed():
+            time.sleep(8)  # its warm-up (import torch, CUDA, first ops) is done by then
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the pool did not fill")
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:
+        return []
+
+
 def stats(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -81,6 +126,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle", type=float, default=6.0, help="seconds the user waits before the first cell")
     ap.add_argument("--json", default="benchmarks/results/first_cell.json")
+    ap.add_argument("--pool", action="store_true", help="also measure kernels served by the warm pool")
     args = ap.parse_args()
 
     gpu = bool(inventory.take().devices)
@@ -99,6 +145,15 @@ def main() -> None:
     finally:
         off.stop()
         on.stop()
+    pooled = []
+    if args.pool:
+        pool = Server(root, [*common, "--GpuctxServer.warm_policy=always", "--GpuctxServer.pool_size=1"]).start()
+        try:
+            for i in range(args.runs):
+                pooled.append(pooled_run(pool, cell))
+                print(f"pool run {i + 1}/{args.runs} done", file=sys.stderr)
+        finally:
+            pool.stop()
 
     table = {case: {k: stats([r[k] for r in rs]) for k in ("ready", "first", "steady", "start_to_result", "memory")}
              for case, rs in runs.items()}
@@ -113,6 +168,14 @@ def main() -> None:
                 continue
             unit = (lambda v: f"{v / 2**20:.0f} MiB") if name == "memory" else (lambda v: f"{v * 1000:.0f} ms")
             print(f"{case:<22}{name:<22}{unit(s['median']):>10}{unit(s['min']):>10}{unit(s['max']):>10}")
+    if pooled:
+        print(f"{'warm pool':<22}{'new -> result':<22}" + "".join(
+            f"{v * 1000:>8.0f} ms" for v in _mmm([r["new_to_result"] for r in pooled])))
+        print(f"{'warm pool':<22}{'restart -> result':<22}" + "".join(
+            f"{v * 1000:>8.0f} ms" for v in _mmm([r["restart_to_result"] for r in pooled])))
+        print(f"served by the pool: {sum(r['served_by_pool'] for r in pooled)}/{len(pooled)} restarts")
+        cold_total = stats([r["start_to_result"] for r in runs["cold"]])
+        print(f"(cold new kernel -> result, for comparison: {cold_total['median'] * 1000:.0f} ms median)")
     for case in ("warm, user idle", "warm, user at once"):
         totals = [r["warmup"].get("total") for r in runs[case] if r["warmup"].get("total")]
         if totals:
@@ -124,7 +187,13 @@ def main() -> None:
             print(f"warm-up ({case}): total {statistics.median(totals) * 1000:.0f} ms median; phases ms: {shown}")
     os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     with open(args.json, "w") as fh:
-        json.dump({"env": env, "table": table, "runs": runs}, fh, indent=2)
+        json.dump({"env": env, "table": table, "runs": runs, "pooled": pooled,
+                   "pooled_table": {k: stats([r[k] for r in pooled]) for k in ("new_to_result", "restart_to_result")}
+                   if pooled else None}, fh, indent=2)
+
+
+def _mmm(values):
+    return statistics.median(values), min(values), max(values)
 
 
 def _torch_version() -> str:

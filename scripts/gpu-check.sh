@@ -21,7 +21,10 @@ nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv 
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
 status=0
 python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
-for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py benchmarks/first_cell.py; do
-  python3 "$bench" --json "$results/$(basename "$bench" .py).json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
+for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py "benchmarks/first_cell.py --pool"; do
+  name="$(basename "${bench%% *}" .py)"
+  python3 $bench --json "$results/$name.json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
 done
+# The trace the UI tests and the no-GPU demo replay (copy it to tests/data/ to use it).
+scripts/record-trace.sh "$results/h200-trace.jsonl" || status=1
 exit $status

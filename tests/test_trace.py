@@ -55,3 +55,20 @@ def test_not_a_trace_is_refused(tmp_path):
 def test_recording_without_a_gpu_says_why(tmp_path, capsys):
     with pytest.raises(SystemExit, match="cannot record: .*libnvidia-ml"):
         trace.main(["record", "--seconds", "1", "--out", str(tmp_path / "t.jsonl")])
+
+
+def test_a_server_replaying_a_trace_says_so_in_every_snapshot(tmp_path):
+    from .serverproc import Server
+
+    path = tmp_path / "trace.jsonl"
+    write_trace(path, [(0.0, [h200(0, used_gib=3), h200(1, used_gib=9)])])
+    srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
+                                 f"--GpuctxServer.replay_trace={path}"]).start()
+    try:
+        status, snap = srv.api("GET", "/gpuctx/api/devices")
+        assert status == 200 and snap["gpu"] is True
+        assert [d["name"] for d in snap["devices"]] == ["NVIDIA H200", "NVIDIA H200"]
+        assert snap["replay"]["source"] == str(path) and snap["replay"]["host"] == "h200-box"
+        assert "REPLAYING the recorded trace" in srv.log()
+    finally:
+        srv.stop()
