@@ -122,7 +122,8 @@ class GpuctxServer(Configurable):
     pool_gpu_budget_mib = Int(
         4096,
         help="""GPU memory, in MiB, that all standbys together may hold (a warmed kernel holds
-        ~630 MiB): the pool keeps min(pool_size, budget / 630) standbys per kernelspec. 0: no cap.""",
+        ~630 MiB): the pool keeps min(pool_size, budget / 630 / number of pool kernelspecs)
+        standbys per kernelspec. 0: no cap.""",
     ).tag(config=True)
 
     pool_max_age = Float(

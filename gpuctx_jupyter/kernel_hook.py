@@ -15,7 +15,7 @@ import os
 
 from . import inventory
 from .config import GpuctxServer
-from .warmup import notebook_wants_gpu
+from .warmup import notebook_wants_gpu, opted_out
 
 SOURCE = "server hook"
 
@@ -35,10 +35,6 @@ class KernelHook:
     def install(self) -> None:
         self.km.start_kernel = self.start_kernel
         self.km.restart_kernel = self.restart_kernel
-
-    def remove(self) -> None:
-        for name in ("start_kernel", "restart_kernel"):
-            self.km.__dict__.pop(name, None)
 
     # -- the wrapped kernel manager methods ---------------------------------------------------
     async def start_kernel(self, *args, **kwargs):
@@ -78,8 +74,7 @@ class KernelHook:
         if not await self._is_ipykernel(kernel_name):
             return None
         base = env if env is not None else os.environ
-        opted_out = base.get("GPUCTX_WARM", "").strip().lower() in ("0", "false", "off")
-        policy = "0" if opted_out else cfg.warm_policy  # the kernel reports "0" as an opt-out
+        policy = "0" if opted_out(base) else cfg.warm_policy  # the kernel reports "0" as an opt-out
         if self.gateway and policy == "auto":  # the remote kernel cannot read our notebook: decide here
             policy = "always" if notebook_wants_gpu(base.get("JPY_SESSION_NAME"))[0] else "never"
         plan = {

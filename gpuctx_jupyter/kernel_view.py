@@ -16,6 +16,7 @@ REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
 def report(magics) -> dict:
     choice = magics.switcher.choice
     torch = fws.TORCH
+    device, default = magics.cell_thread_device or (None, None)
     memory = []
     if torch.loaded() and torch.initialized():
         for i in range(torch.device_count()):
@@ -26,9 +27,9 @@ def report(magics) -> dict:
     return {
         "status": "ok",
         "pid": os.getpid(),
-        "device": choice.ordinal if choice else (torch.current() if torch.loaded() and not torch.gpu_reason() else None),
+        "device": choice.ordinal if choice else device,
         "device_source": choice.source if choice else "CUDA's default",
-        "default_device": torch.default_device() if torch.loaded() else None,
+        "default_device": default,
         "cuda_started": [fw.name for fw in fws.loaded() if fw.initialized()],
         "frameworks": {fw.name: fw.loaded() for fw in fws.ALL},
         "memory": memory,

@@ -72,6 +72,7 @@ class GpuMagics(Magics):
         self.warmer.switcher = self.switcher
         self.import_hook = PostImportHook(WATCHED, self.switcher.on_import)
         self._count_cache: tuple[tuple, int] | None = None
+        self.cell_thread_device: tuple[int | None, str | None] | None = None
         self._told_caveats = False
 
     # -- kernel events ---------------------------------------------------------------------------
@@ -84,6 +85,11 @@ class GpuMagics(Magics):
 
     def post_run_cell(self, result=None):
         self.warmer.cell_finished()
+        # The control channel answers from its own thread; CUDA's current device and torch's
+        # default device are per thread, so remember the cell thread's.
+        torch = fws.TORCH
+        if torch.loaded() and torch.gpu_reason() is None:
+            self.cell_thread_device = (torch.current(), torch.default_device())
         hint = hints.mixed_devices_hint(getattr(result, "error_in_exec", None))
         if hint:
             print(hint, file=sys.stderr)
@@ -443,10 +449,16 @@ class GpuMagics(Magics):
         if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
             last = ast.Expression(tree.body.pop().value)
         filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
-        exec(shell.compile(tree, filename, "exec"), shell.user_ns)
-        if last is not None:
-            return eval(shell.compile(last, filename, "eval"), shell.user_ns)
-        return None
+        try:
+            body = shell.compile(tree, filename, "exec")
+            expr = None if last is None else shell.compile(last, filename, "eval")
+        except SyntaxError as exc:
+            if "await" in str(exc):
+                raise UsageError("%%on_gpu cannot run top-level `await` yet: put the awaits in an async "
+                                 "function and await it outside, or switch with `%gpu use` instead") from None
+            raise
+        exec(body, shell.user_ns)
+        return None if expr is None else eval(expr, shell.user_ns)
 
 
 class _GpuTimer:

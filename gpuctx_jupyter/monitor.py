@@ -14,7 +14,7 @@ import ipywidgets as widgets
 
 from . import frameworks as fws
 from . import inventory
-from .devices import VisibleDevice
+from .devices import SpecError, VisibleDevice, parse_spec
 from .render import gib
 from .sampler import Point, Sample, Sampler, process_sampler
 
@@ -142,7 +142,7 @@ class GpuMonitor(widgets.VBox):
             self.status.value = html.escape(f"No GPU is visible: {reason} (checked {stamp})")
             self._body.children = ()
             return
-        devices = [d for d in inv.devices if self._wanted(d)]
+        devices = self._wanted(inv.devices)
         pids = self._own.update(inv)
         self.status.value = html.escape(f"gpuctx monitor · {len(devices)} GPU(s) · every {self.interval:g} s · "
                                         f"last {self.window:g} s · {stamp}")
@@ -156,12 +156,17 @@ class GpuMonitor(widgets.VBox):
         if fresh or len(self._body.children) != len(devices):
             self._body.children = tuple(self.cards[d.record.uuid] for d in devices)
 
-    def _wanted(self, dev: VisibleDevice) -> bool:
+    def _wanted(self, devices) -> list[VisibleDevice]:
+        """The devices the specs name, resolved as `%gpu use` resolves them (all without specs)."""
         if not self.specs:
-            return True
-        r = dev.record
-        return any(s in (str(dev.ordinal), f"cuda:{dev.ordinal}") or r.uuid.lower().startswith(s.lower())
-                   or s.lower() in r.name.lower() for s in self.specs)
+            return list(devices)
+        uuids = set()
+        for spec in self.specs:
+            try:
+                uuids.add(parse_spec(spec, devices).record.uuid)
+            except SpecError:
+                pass  # the magic already refused a bad spec; a GPU that went away just drops out
+        return [d for d in devices if d.record.uuid in uuids]
 
     def close(self) -> None:
         """Stop updates (the sampler stops with the last monitor) and remove the widget."""

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 
 from jupyter_server.utils import ensure_async
 
+from .warmup import notebook_wants_gpu, opted_out
+
 # Read once, when CUDA (or the framework) starts: a standby started with other values cannot
 # serve a kernel that should have had these.
 CUDA_STARTUP_VARS = (
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
     "NVIDIA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "LD_LIBRARY_PATH",
-    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION", "GPUCTX_DEVICE",
+    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
 WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
 
@@ -55,6 +57,8 @@ class KernelPool:
         self.standbys: list[Standby] = []
         self._starting: dict[str, int] = {}
         self._task: asyncio.Task | None = None
+        self._spawning: set[asyncio.Task] = set()
+        self._closing = False
         self._next_start = self.mkm.start_kernel
         self._next_restart = self.mkm.restart_kernel
         self._next_shutdown_all = self.mkm.shutdown_all
@@ -107,7 +111,9 @@ class KernelPool:
             have = sum(1 for s in self.standbys if s.kernel_name == name) + self._starting.get(name, 0)
             if have < self.target() and not self._waiting_for_first_request():
                 self._starting[name] = self._starting.get(name, 0) + 1
-                asyncio.ensure_future(self._spawn(name))
+                task = asyncio.ensure_future(self._spawn(name))
+                self._spawning.add(task)
+                task.add_done_callback(self._spawning.discard)
 
     def _waiting_for_first_request(self) -> bool:
         """Refill only once adopted kernels have served their first request (or a minute passed),
@@ -124,7 +130,8 @@ class KernelPool:
     async def _spawn(self, name: str) -> None:
         try:
             plan = await self.hook.plan(name, None) or {}
-            plan["GPUCTX_WARM"] = "always"  # a standby has no notebook yet: warm it regardless
+            if plan.get("GPUCTX_WARM") != "0":  # the server's own opt-out stands
+                plan["GPUCTX_WARM"] = "always"  # a standby has no notebook yet: warm it regardless
             env = {**os.environ, **plan}
             kwargs = {"env": env, "extra_arguments": ["--ext=gpuctx"]}
             km, _, sid = self.mkm.pre_start_kernel(name, kwargs)
@@ -134,6 +141,9 @@ class KernelPool:
             if hasattr(km, "ready"):
                 await asyncio.wrap_future(km.ready) if not isinstance(km.ready, asyncio.Future) else await km.ready
             standby.ready = True
+            if self._closing:  # the server shut down while this one started
+                await self._shutdown(standby)
+                return
             self.standbys.append(standby)
             self.log.info("gpuctx pool: standby %s kernel ready (pid %s)", name, standby.pid)
         except Exception as exc:
@@ -155,17 +165,30 @@ class KernelPool:
         return None
 
     # -- the wrapped kernel manager methods ---------------------------------------------------
+    def _serves(self, env: dict) -> bool:
+        """A warmed standby fits this request unless it opts out of warming, or the `auto`
+        policy finds no GPU framework in its notebook (such kernels must not start CUDA)."""
+        if opted_out(env) or self.cfg.warm_policy == "never":
+            return False
+        return self.cfg.warm_policy == "always" or notebook_wants_gpu(env.get("JPY_SESSION_NAME"))[0]
+
     async def start_kernel(self, *args, **kwargs):
         name = kwargs.get("kernel_name") or self.mkm.default_kernel_name
-        if kwargs.get("kernel_id") or name not in self.cfg.pool_kernelspecs:
-            return await ensure_async(self._next_start(*args, **kwargs))
         env = kwargs.get("env") or dict(os.environ)
+        if kwargs.get("kernel_id") or name not in self.cfg.pool_kernelspecs or not self._serves(env):
+            return await ensure_async(self._next_start(*args, **kwargs))
         standby = self._take(name, env)
         if standby is None:
             return await ensure_async(self._next_start(*args, **kwargs))
         kid = self.mkm.new_kernel_id()
         cwd = self.mkm.cwd_for_path(kwargs["path"], env=env) if kwargs.get("path") else self.mkm.root_dir
-        await self._register(kid, standby, cwd, env)
+        try:
+            await self._register(kid, standby, cwd, env)
+        except Exception as exc:  # a standby that cannot be handed over is stopped; start afresh
+            self.log.warning("gpuctx pool: adopting a standby failed (%s); starting a fresh kernel", exc)
+            self.mkm._kernels.pop(kid, None)
+            await self._shutdown(standby)
+            return await ensure_async(self._next_start(*args, **kwargs))
         self.adopted[kid] = time.monotonic()
         if not self.mkm._initialized_culler:
             self.mkm.initialize_culler()
@@ -176,12 +199,20 @@ class KernelPool:
         old = self.mkm.get_kernel(kernel_id)
         launch = getattr(old, "_launch_args", None) or {}
         env = launch.get("env") or dict(os.environ)
-        standby = self._take(old.kernel_name, env) if old.kernel_name in self.cfg.pool_kernelspecs else None
+        fits = old.kernel_name in self.cfg.pool_kernelspecs and self._serves(env)
+        standby = self._take(old.kernel_name, env) if fits else None
         if standby is None:
             return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
         conns = _open_connections(old)
         self.mkm.stop_watching_activity(kernel_id)
-        await self._register(kernel_id, standby, launch.get("cwd") or self.mkm.root_dir, env)
+        try:
+            await self._register(kernel_id, standby, launch.get("cwd") or self.mkm.root_dir, env)
+        except Exception as exc:
+            self.log.warning("gpuctx pool: restart from the pool failed (%s); restarting normally", exc)
+            self.mkm._kernels[kernel_id] = old
+            self.mkm.start_watching_activity(kernel_id)
+            await self._shutdown(standby)
+            return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
         await asyncio.gather(*(_repoint(conn, standby.km) for conn in conns))
         self.adopted[kernel_id] = time.monotonic()
         await ensure_async(old.shutdown_kernel(now=True))
@@ -196,7 +227,11 @@ class KernelPool:
         km.kernel_id = kid
         km.execution_state, km.reason, km.last_activity = "idle", "", utcnow()
         launch = dict(getattr(km, "_launch_args", None) or {})
-        launch.update(env=env, cwd=cwd)
+        # Keep the standby's gpuctx settings (device, frameworks) for a later ordinary restart,
+        # under the server's own policy rather than the standby's "always".
+        gpuctx_vars = {k: v for k, v in standby.env.items() if k.startswith("GPUCTX_")}
+        gpuctx_vars["GPUCTX_WARM"] = "0" if opted_out(env) else self.cfg.warm_policy
+        launch.update(env={**env, **gpuctx_vars}, cwd=cwd)
         km._launch_args = launch  # a later ordinary restart starts like a fresh kernel would
         await self._adopt_in_kernel(km, cwd, env, standby)
         self.mkm._kernels[kid] = km
@@ -231,8 +266,10 @@ class KernelPool:
 
     # -- shutting down ------------------------------------------------------------------------------
     async def shutdown_all(self, *args, **kwargs):
+        self._closing = True
         if self._task is not None:
             self._task.cancel()
+        await asyncio.gather(*self._spawning, return_exceptions=True)
         standbys, self.standbys = self.standbys, []
         await asyncio.gather(*(self._shutdown(s) for s in standbys), return_exceptions=True)
         return await ensure_async(self._next_shutdown_all(*args, **kwargs))

@@ -104,15 +104,6 @@ class Sampler:
             self._listeners.pop(token, None)
         self._wake.set()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Drop every listener and end the thread (kernel or server shutdown)."""
-        with self._lock:
-            self._listeners.clear()
-        self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-
     def _loop(self) -> None:
         while True:
             with self._lock:

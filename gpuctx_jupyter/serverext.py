@@ -11,13 +11,18 @@ from .trace import Replay
 
 def load(serverapp) -> None:
     cfg = GpuctxServer(parent=serverapp)
-    hook = KernelHook(serverapp, cfg, serverapp.log)
-    hook.install()
     replay = None
     if cfg.replay_trace:
-        replay = Replay(cfg.replay_trace)
-        process_sampler().set_source(replay.read)
-        serverapp.log.warning("gpuctx: REPLAYING the recorded trace %s instead of live NVML", cfg.replay_trace)
+        try:
+            replay = Replay(cfg.replay_trace)
+        except (OSError, ValueError) as exc:
+            serverapp.log.error("gpuctx: replay_trace %s: %s; fix the path or unset it (serving live NVML)",
+                                cfg.replay_trace, exc)
+        else:
+            process_sampler().set_source(replay.read)
+            serverapp.log.warning("gpuctx: REPLAYING the recorded trace %s instead of live NVML", cfg.replay_trace)
+    hook = KernelHook(serverapp, cfg, serverapp.log)
+    hook.install()
     api = setup_handlers(serverapp.web_app, serverapp, cfg, replay)
     pool = None
     if cfg.pool_size > 0 and not hook.gateway:

@@ -39,7 +39,7 @@ OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv", "backward")
 DEFAULT_OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv")
 # A first cell that names one of these will do its own first GPU work: the warm-up then stops
 # after its current phase instead of competing with it (import and CUDA start-up are shared).
-_GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|gpu|on_gpu)\b")
+_GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|on_gpu)\b")  # not %gpu: `%gpu status` only looks
 FRAMEWORKS = ("torch", "cupy", "jax")
 _GPU_CODE = re.compile(r"^\s*(?:import|from)\s+(?:torch|cupy|jax|numba)\b|^\s*%%?(?:gpu|on_gpu)\b", re.M)
 
@@ -111,8 +111,10 @@ def _env_list(name: str, fallback: list[str]) -> list[str]:
     return [x.strip() for x in raw.split(",") if x.strip()] if raw else fallback
 
 
-def opted_out() -> bool:
-    return os.environ.get("GPUCTX_WARM", "").strip().lower() in ("0", "false", "off", "never")
+def opted_out(env=None) -> bool:
+    """GPUCTX_WARM=0 (or false/off/never) in the kernel's environment: no warm-up, whatever else says."""
+    env = os.environ if env is None else env
+    return env.get("GPUCTX_WARM", "").strip().lower() in ("0", "false", "off", "never")
 
 
 def notebook_wants_gpu(path: str | None) -> tuple[bool, str]:
@@ -333,12 +335,14 @@ class Warmer:
                  "matmul bf16": lambda: (t["x"].bfloat16() @ t["y"].bfloat16()).float().sum().item(),
                  "conv": conv, "backward": backward}
         alloc_needed = any(op in ops for op in ("elementwise", "matmul_fp32", "matmul_bf16"))
-        for name, fn in steps.items():
-            if name.replace(" ", "_") in ops or (name == "alloc" and alloc_needed):
-                self._phase(name, fn)
-        self._phase("sync", lambda: torch.cuda.synchronize(dev))
-        t.clear()
-        torch.cuda.empty_cache()  # leave the allocator as a cold kernel would have it
+        try:
+            for name, fn in steps.items():
+                if name.replace(" ", "_") in ops or (name == "alloc" and alloc_needed):
+                    self._phase(name, fn)
+            self._phase("sync", lambda: torch.cuda.synchronize(dev))
+        finally:  # also when cut short: leave the allocator as a cold kernel would have it
+            t.clear()
+            torch.cuda.empty_cache()
 
     def _warm_cupy(self, device: int, ops) -> None:
         import cupy

@@ -265,3 +265,10 @@ def test_on_gpu_time_needs_a_cuda_framework(shell, nvml_records, clean_env):
     nvml_records([h200(0)])
     with pytest.raises(UsageError, match="--time needs CUDA events: torch .* CPU-only build"):
         shell.run_cell("%%on_gpu 0 --time\nx = 1").raise_error()
+
+
+def test_on_gpu_with_top_level_await_says_what_to_do(shell, nvml_records, clean_env):
+    nvml_records([h200(0)])
+    result = shell.run_cell("%%on_gpu 0\nimport asyncio\nawait asyncio.sleep(0)")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "cannot run top-level `await`" in str(result.error_in_exec)

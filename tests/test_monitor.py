@@ -65,11 +65,13 @@ def test_cards_built_from_samples_mark_this_kernel():
         mon.close()
 
 
-def test_specs_choose_the_cards():
-    mon = GpuMonitor(["1"], interval=0.05, sampler=Sampler(read=fake_read([h200(0), h200(1)])))
+@pytest.mark.parametrize("spec, ordinal", [("0", 0), ("cuda:1", 1), ("GPU-00000001", 1)])
+def test_specs_choose_the_cards_as_gpu_use_resolves_them(spec, ordinal):
+    # "0" also occurs in the name "NVIDIA H200": it must still mean cuda:0 only
+    mon = GpuMonitor([spec], interval=0.05, sampler=Sampler(read=fake_read([h200(0), h200(1)])))
     try:
         assert wait_for(lambda: len(mon._body.children) == 1)
-        assert "cuda:1" in mon._body.children[0].title.value
+        assert f"cuda:{ordinal} " in mon._body.children[0].title.value
     finally:
         mon.close()
 

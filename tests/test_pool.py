@@ -86,7 +86,7 @@ def test_standbys_are_exempt_from_the_culler_and_replaced_when_they_die(pool_ser
 
 
 def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):
-    srv = pool_server()
+    srv = pool_server("--GpuctxServer.warm_policy=always")
     wait_for(lambda: kernel_pids(srv))
     kid = srv.start_kernel()
     ks = srv.channels(kid)
@@ -116,3 +116,18 @@ def test_a_cuda_start_up_variable_that_differs_refuses_adoption():
     assert compatible(env, dict(env, CUDA_VISIBLE_DEVICES="1")) == ["CUDA_VISIBLE_DEVICES"]
     assert compatible(env, {"PATH": "/usr/bin"}) == ["CUDA_VISIBLE_DEVICES"]
     assert Standby(None, "python3", env, 0.0).pid is None
+
+
+def test_notebooks_that_must_not_start_cuda_get_a_fresh_kernel(pool_server, tmp_path):
+    """auto: a notebook without a GPU framework, or one that opts out, never gets a warmed standby."""
+    notebook(tmp_path / "plain.ipynb", "print('no GPU here')")
+    notebook(tmp_path / "optout.ipynb", "import torch", metadata={"gpuctx": {"warm": False}})
+    srv = pool_server()
+    standby = wait_for(lambda: kernel_pids(srv))
+    for name in ("plain", "optout"):
+        ks = srv.channels(srv.start_kernel(path=f"{name}.ipynb"))
+        pid = int(ks.execute("import os; print(os.getpid())").stdout)
+        assert pid not in standby
+        assert "warm pool" not in ks.execute("%gpu status").text
+        ks.close()
+    assert standby <= kernel_pids(srv)  # the standby still waits for a GPU notebook
