@@ -75,7 +75,7 @@ class KernelPool:
 
     def target(self) -> int:
         """Standbys to keep per kernelspec: the count, within the GPU-memory budget."""
-        n = self.cfg.pool_size
+        n = self.cfg.pool_size if self.cfg.warm_policy != "never" else 0  # standbys are warmed kernels
         if self.cfg.pool_gpu_budget_mib:
             n = min(n, self.cfg.pool_gpu_budget_mib // WARMED_KERNEL_MIB // max(1, len(self.cfg.pool_kernelspecs)))
         return max(0, n)
