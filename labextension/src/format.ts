@@ -7,26 +7,24 @@ function isNum(v: number | null | undefined): v is number {
   return typeof v === 'number' && Number.isFinite(v);
 }
 
-/** "12.1 GiB", "630 MiB"; "–" when unknown. */
-export function formatBytes(bytes: number | null | undefined): string {
+function scaled(bytes: number | null | undefined, gib: string, mib: string): string {
   if (!isNum(bytes)) {
     return '–';
   }
   if (Math.abs(bytes) >= GIB) {
-    return `${(bytes / GIB).toFixed(1)} GiB`;
+    return `${(bytes / GIB).toFixed(1)}${gib}`;
   }
-  return `${Math.round(bytes / MIB)} MiB`;
+  return `${Math.round(bytes / MIB)}${mib}`;
+}
+
+/** "12.1 GiB", "630 MiB"; "–" when unknown. */
+export function formatBytes(bytes: number | null | undefined): string {
+  return scaled(bytes, ' GiB', ' MiB');
 }
 
 /** The status bar's few characters: "12.1G", "630M". */
 export function formatBytesShort(bytes: number | null | undefined): string {
-  if (!isNum(bytes)) {
-    return '–';
-  }
-  if (Math.abs(bytes) >= GIB) {
-    return `${(bytes / GIB).toFixed(1)}G`;
-  }
-  return `${Math.round(bytes / MIB)}M`;
+  return scaled(bytes, 'G', 'M');
 }
 
 /** "used / total" in GiB with one decimal, the way nvidia-smi users read it. */
