@@ -48,6 +48,8 @@ MONITOR = _parser("%gpu monitor", "A live monitor of the GPUs, updated while oth
 MONITOR.add_argument("specs", nargs="*", help="GPUs to show (default: every visible one)")
 MONITOR.add_argument("--interval", type=float, default=1.0, help="seconds between samples (default 1)")
 MONITOR.add_argument("--history", type=float, default=60.0, help="seconds of history in the plot (default 60)")
+MONITOR.add_argument("--replay", metavar="TRACE", help="play a recorded NVML trace instead of the live GPUs "
+                     "(labelled as a replay; record one with `python -m gpuctx_jupyter.trace record`)")
 
 NO_ARGS = {name: _parser(f"%gpu {name}", "") for name in ("list", "status", "mem", "free", "doctor")}
 
@@ -117,7 +119,8 @@ class GpuMagics(Magics):
                                and phase times show in %gpu status
         %gpu monitor [SPEC..]  a live monitor (utilisation, memory, temperature, power, a
                                history plot, processes with this kernel marked); returns it:
-                               m = %gpu monitor --interval 0.5;  m.close() stops it
+                               m = %gpu monitor --interval 0.5;  m.close() stops it;
+                               --replay TRACE shows a recorded trace, labelled so
         %gpu doctor            driver, NVML, torch build, CUDA_VISIBLE_DEVICES, device
                                counts, persistence/MIG, fork safety, each with its fix
         %gpu help [SUBCOMMAND] this help, or one subcommand's options
@@ -340,7 +343,9 @@ class GpuMagics(Magics):
         if before or after:
             dropped = sum(before.values()) - sum(after.values())
             held = ", ".join(f"cuda:{k} {gib(v, 2)}" for k, v in sorted(after.items()))
-            line += f"; NVML: this kernel's GPU memory fell by {signed(dropped)} and is now {held or '0'}"
+            change = (f"fell by {mib(dropped)}" if dropped > 0
+                      else f"rose by {mib(-dropped)}" if dropped < 0 else "did not change")
+            line += f"; NVML: this kernel's GPU memory {change} and is now {held or '0'}"
             line += " (the CUDA context and library handles stay until the kernel restarts)"
         print(line)
 
@@ -368,7 +373,15 @@ class GpuMagics(Magics):
             raise UsageError(f"--interval {args.interval:g} is out of range: give seconds between 0.05 and 3600")
         if not args.interval <= args.history <= 86400:
             raise UsageError(f"--history {args.history:g} must be at least the interval and at most 86400 s")
-        inv = inventory.take()
+        replay = None
+        if args.replay:
+            from .trace import Replay
+
+            try:
+                replay = Replay(os.path.expanduser(args.replay))
+            except (OSError, ValueError) as exc:
+                raise UsageError(f"cannot replay {args.replay}: {exc}") from None
+        inv = replay.read() if replay else inventory.take()
         if inv.devices:
             for spec in args.specs:
                 try:
@@ -377,7 +390,7 @@ class GpuMagics(Magics):
                     raise UsageError(str(exc)) from None
         from .monitor import monitor
 
-        return monitor(*args.specs, interval=args.interval, history=args.history)
+        return monitor(*args.specs, interval=args.interval, history=args.history, replay=replay)
 
     def _gpu_doctor(self, rest):
         NO_ARGS["doctor"].parse_argstring(rest)

@@ -44,7 +44,8 @@ def sparkline(points: list[Point], now: float, window: float, total_memory: int 
             + "</svg>")
 
 
-def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: float, pids: set[int]) -> dict:
+def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: float, pids: set[int],
+              live: bool = True) -> dict:
     """Everything one GPU's card shows, as plain values (built without widgets: testable)."""
     r = dev.record
     mine = [p for p in r.processes if p.pid in pids]
@@ -63,7 +64,7 @@ def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: 
         "svg": sparkline(history, sample.t, window, r.memory_total),
     }
     torch = fws.TORCH
-    if torch.loaded() and torch.initialized() and dev.ordinal < torch.device_count():
+    if live and torch.loaded() and torch.initialized() and dev.ordinal < torch.device_count():
         m = torch.memory(dev.ordinal)
         if m:
             view["allocator"] = {"allocated": m.allocated, "reserved": m.reserved, "peak": m.peak}
@@ -118,9 +119,12 @@ class _Card(widgets.VBox):
 class GpuMonitor(widgets.VBox):
     """`%gpu monitor`: live cards for the chosen GPUs, fed by the kernel's one sampler."""
 
-    def __init__(self, specs=(), interval: float = 1.0, history: float = 60.0, sampler: Sampler | None = None):
+    def __init__(self, specs=(), interval: float = 1.0, history: float = 60.0, sampler: Sampler | None = None,
+                 replay=None):
         self.specs, self.interval, self.window = tuple(specs), float(interval), float(history)
-        self.sampler = sampler or process_sampler()
+        # A replay (trace.Replay) gets a sampler of its own: live monitors in this kernel stay live.
+        self.replay = replay
+        self.sampler = sampler or (Sampler(read=replay.read) if replay else process_sampler())
         self.sampler.history.seconds = max(self.sampler.history.seconds, self.window)
         self.status = widgets.HTML("gpuctx monitor: waiting for the first sample…")
         self.stop_button = widgets.Button(description="stop", tooltip="stop this monitor", layout={"width": "60px"})
@@ -143,18 +147,27 @@ class GpuMonitor(widgets.VBox):
             self._body.children = ()
             return
         devices = self._wanted(inv.devices)
-        pids = self._own.update(inv)
-        self.status.value = html.escape(f"gpuctx monitor · {len(devices)} GPU(s) · every {self.interval:g} s · "
-                                        f"last {self.window:g} s · {stamp}")
+        pids = set() if self.replay else self._own.update(inv)
+        self.status.value = self._replay_mark() + html.escape(
+            f"gpuctx monitor · {len(devices)} GPU(s) · every {self.interval:g} s · last {self.window:g} s · {stamp}")
         fresh = False
         for d in devices:
             if d.record.uuid not in self.cards:
                 self.cards[d.record.uuid] = _Card()
                 fresh = True
             self.cards[d.record.uuid].show(card_view(d, sample, self.sampler.history.of(d.record.uuid),
-                                                     self.window, pids))
+                                                     self.window, pids, live=self.replay is None))
         if fresh or len(self._body.children) != len(devices):
             self._body.children = tuple(self.cards[d.record.uuid] for d in devices)
+
+    def _replay_mark(self) -> str:
+        """Said before anything else, so that no one takes a replay for live data."""
+        if not self.replay:
+            return ""
+        label = self.replay.label
+        text = (f"REPLAY of a trace recorded {label.get('recorded') or ''} on {label.get('host') or '?'}, "
+                f"not live data ({label['source']})")
+        return f"<b style='color:#e65100'>{html.escape(text)}</b><br>"
 
     def _wanted(self, devices) -> list[VisibleDevice]:
         """The devices the specs name, resolved as `%gpu use` resolves them (all without specs)."""
@@ -188,12 +201,17 @@ class GpuMonitor(widgets.VBox):
         display(self._repr_mimebundle_(), raw=True)
 
 
-def monitor(*specs, interval: float = 1.0, history: float = 60.0) -> GpuMonitor:
-    """Display a live monitor of the given GPUs (all when none) and return it (`.close()` stops it)."""
+def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -> GpuMonitor:
+    """Display a live monitor of the given GPUs (all when none) and return it (`.close()` stops it).
+    `replay`: a `trace.Replay` (or a trace's path) to show instead of the live GPUs, labelled so."""
     from IPython import get_ipython
     from IPython.display import display
 
-    mon = GpuMonitor(specs, interval=interval, history=history)
+    if isinstance(replay, str):
+        from .trace import Replay
+
+        replay = Replay(replay)
+    mon = GpuMonitor(specs, interval=interval, history=history, replay=replay)
     display(mon._repr_mimebundle_(), raw=True)
     ip = get_ipython()
     mon._displayed_at = ip.execution_count if ip is not None else None

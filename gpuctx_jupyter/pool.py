@@ -57,7 +57,7 @@ class KernelPool:
         self.standbys: list[Standby] = []
         self._starting: dict[str, int] = {}
         self._task: asyncio.Task | None = None
-        self._spawning: set[asyncio.Task] = set()
+        self._spawning: set[asyncio.Task] = set()  # standbys starting, replaced kernels stopping
         self._closing = False
         self._next_start = self.mkm.start_kernel
         self._next_restart = self.mkm.restart_kernel
@@ -111,9 +111,7 @@ class KernelPool:
             have = sum(1 for s in self.standbys if s.kernel_name == name) + self._starting.get(name, 0)
             if have < self.target() and not self._waiting_for_first_request():
                 self._starting[name] = self._starting.get(name, 0) + 1
-                task = asyncio.ensure_future(self._spawn(name))
-                self._spawning.add(task)
-                task.add_done_callback(self._spawning.discard)
+                self._background(self._spawn(name))
 
     def _waiting_for_first_request(self) -> bool:
         """Refill only once adopted kernels have served their first request (or a minute passed),
@@ -215,8 +213,21 @@ class KernelPool:
             return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
         await asyncio.gather(*(_repoint(conn, standby.km) for conn in conns))
         self.adopted[kernel_id] = time.monotonic()
-        await ensure_async(old.shutdown_kernel(now=True))
+        # The notebook is on its new kernel already; the old process (a CUDA context takes a few
+        # hundred ms to tear down) stops in the background, and shutdown_all waits for it.
+        self._background(self._stop_old(old, kernel_id))
         self.log.info("gpuctx pool: kernel %s restarted from the pool (pid %s)", kernel_id, standby.pid)
+
+    def _background(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._spawning.add(task)
+        task.add_done_callback(self._spawning.discard)
+
+    async def _stop_old(self, old, kernel_id: str) -> None:
+        try:
+            await ensure_async(old.shutdown_kernel(now=True))
+        except Exception as exc:
+            self.log.warning("gpuctx pool: stopping the replaced kernel of %s: %s", kernel_id, exc)
 
     async def _register(self, kid: str, standby: Standby, cwd: str, env: dict) -> None:
         """Hand a standby to the server under `kid`, in the directory and environment that a
@@ -306,9 +317,37 @@ async def _repoint(conn, km) -> None:
     conn.parent = km
     conn.session.key = km.session.key  # each kernel signs its messages with its own key
     conn.create_stream()
-    await conn.nudge()
+    try:
+        await _until_subscribed(conn, km)
+    except Exception:  # fall back on jupyter_server's own, slower nudge
+        await conn.nudge()
     for stream in conn.channels.values():
         stream.on_recv_stream(conn.handle_outgoing_message)
     conn.multi_kernel_manager.add_restart_callback(conn.kernel_id, conn.on_kernel_restarted)
     conn.multi_kernel_manager.add_restart_callback(conn.kernel_id, conn.on_restart_failed, "dead")
     conn.on_kernel_restarted()  # tell the frontend, as an ordinary restart does
+
+
+async def _until_subscribed(conn, km, every: float = 0.05, timeout: float = 10.0) -> None:
+    """Ask the kernel for kernel_info on a control socket of our own until the connection's new
+    IOPub subscription carries a message. jupyter_server's nudge does the same every 0.5 s, which
+    would be most of a pooled restart's time; the replies go to the throwaway socket."""
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    iopub = conn.channels["iopub"]
+    control = km.connect_control()  # jupyter_server's kernel managers wrap it in a stream already
+    control = control if isinstance(control, ZMQStream) else ZMQStream(control)
+    live = asyncio.get_running_loop().create_future()
+    iopub.on_recv(lambda _msg: live.done() or live.set_result(None))
+    control.on_recv(lambda _msg: None)
+    deadline = time.monotonic() + timeout
+    try:
+        while not live.done() and time.monotonic() < deadline:
+            conn.session.send(control, "kernel_info_request")
+            try:
+                await asyncio.wait_for(asyncio.shield(live), every)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        iopub.stop_on_recv()
+        control.close()

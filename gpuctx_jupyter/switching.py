@@ -195,6 +195,9 @@ class _Loader(importlib.abc.Loader):
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
+            # The module has run in full: let the callback see it as loaded (importlib clears
+            # the flag itself only after this returns, and `Framework.loaded()` reads it).
+            module.__spec__._initializing = False
         try:
             self._callback(module.__name__)
         except Exception:

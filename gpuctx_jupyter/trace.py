@@ -56,10 +56,14 @@ class Replay:
     """Plays a trace back in a loop, in real time; `read()` stands where `inventory.take` would."""
 
     def __init__(self, path: str, clock=time.monotonic):
+        not_a_trace = f"{path} is not a gpuctx trace (record one with `python -m gpuctx_jupyter.trace record`)"
         with open(path) as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
-        if not lines or lines[0].get("gpuctx_trace") != VERSION:
-            raise ValueError(f"{path} is not a gpuctx trace (record one with `python -m gpuctx_jupyter.trace record`)")
+            try:
+                lines = [json.loads(line) for line in fh if line.strip()]
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError(not_a_trace) from None
+        if not lines or not isinstance(lines[0], dict) or lines[0].get("gpuctx_trace") != VERSION:
+            raise ValueError(not_a_trace)
         self.header, self.samples = lines[0], lines[1:]
         if not self.samples:
             raise ValueError(f"{path} holds no samples")

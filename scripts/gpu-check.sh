@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for a GPU machine: the GPU-marked tests, then the benchmarks.
 #
-#   scripts/gpu-check.sh            # from the repository root
+#   scripts/gpu-check.sh [all|tests|benchmarks] [pytest args]   # from the repository root
+#
+# `tests` and `benchmarks` split the run in two (each well under 10 minutes on an H200).
 #
 # The machine needs python3 with torch (CUDA) and pytest; the Jupyter packages come from
 # .devwheels/ when present (../shared/device/wheelhouse.sh builds it), else must be installed.
@@ -19,12 +21,19 @@ fi
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$results/nvidia-smi.csv"
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+part="${1:-all}"
+case "$part" in all|tests|benchmarks) shift || true ;; *) part=all ;; esac
 status=0
+if [ "$part" != benchmarks ]; then
 python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
+fi
+[ "$part" = tests ] && exit $status
 for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py "benchmarks/first_cell.py --pool"; do
   name="$(basename "${bench%% *}" .py)"
   python3 $bench --json "$results/$name.json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
 done
 # The trace the UI tests and the no-GPU demo replay (copy it to tests/data/ to use it).
 scripts/record-trace.sh "$results/h200-trace.jsonl" || status=1
+# The tour with real outputs (copy it to docs/tour-h200.ipynb).
+scripts/execute-tour.sh "$results/tour-h200.ipynb" 2>&1 | tail -5 || status=1
 exit $status

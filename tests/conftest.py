@@ -89,3 +89,13 @@ def kernel_config_env(tmp_path, policy: str = "always") -> dict:
     (profile / "ipython_kernel_config.py").write_text(
         f'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "{policy}"\n')
     return {"IPYTHONDIR": str(tmp_path / "ipython")}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Debian Chromium per browser-test module (tests/browser/lab.py)."""
+    from .browser.lab import Browser
+
+    b = Browser()
+    yield b
+    b.close()

@@ -78,6 +78,12 @@ class Server:
             except ValueError:
                 return err.code, {"raw": raw.decode(errors="replace")}
 
+    def text(self, path: str, timeout: float = 60) -> str:
+        """One authenticated GET of a text page (/metrics)."""
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read().decode()
+
     def start_kernel(self, name: str = "python3", path: str | None = None) -> str:
         """A kernel as JupyterLab starts one: through a session when a notebook path is given."""
         if path is None:

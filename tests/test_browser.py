@@ -4,41 +4,29 @@ asserted is the no-GPU state with the server's own reason (CUDA_VISIBLE_DEVICES=
 machine look the same), and that the panel's buttons really act on a running kernel."""
 from __future__ import annotations
 
-import json
-import os
-import re
 import time
 from pathlib import Path
 
 import pytest
 
-from .browser.lab import Browser, missing_browser
+from .browser.lab import (LAB_ARGS, browser_tests_mark, kernel_idle, notebook_json, open_notebook, open_panel,
+                          shoot)
 from .serverproc import Server
 
 REPO = Path(__file__).resolve().parent.parent
 IMG = REPO / "docs" / "img"
 
-why_not = missing_browser()
-if why_not and os.environ.get("CI"):
-    raise RuntimeError(f"browser tests cannot run on CI: {why_not}")
-pytestmark = pytest.mark.skipif(why_not is not None, reason=why_not or "")
+pytestmark = browser_tests_mark()
 
-NOTEBOOK = {
-    "cells": [{"cell_type": "code", "execution_count": None, "id": "sleepy", "metadata": {}, "outputs": [],
-               "source": "import time\ntime.sleep(60)\nprint('slept', 'on')"}],
-    "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
-    "nbformat": 4, "nbformat_minor": 5,
-}
+NOTEBOOK = notebook_json("sleepy", "import time\ntime.sleep(60)\nprint('slept', 'on')")
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
-    (root / "sleep.ipynb").write_text(json.dumps(NOTEBOOK))
+    (root / "sleep.ipynb").write_text(NOTEBOOK)
     server = Server(str(root), app="jupyterlab", env={"CUDA_VISIBLE_DEVICES": ""}, args=[
-        "--LabApp.expose_app_in_browser=True",       # window.jupyterapp: switch themes from the test
-        "--LabApp.news_url=None",                    # no fetch of JupyterLab's news feed (no network)
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        *LAB_ARGS,
     ])
     server.start(timeout=120)
     yield server
@@ -46,44 +34,10 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
-    b = Browser()
-    yield b
-    b.close()
-
-
-@pytest.fixture(scope="module")
 def page(lab, browser):
-    page = browser.page()
-    page.goto(f"{lab.url}/lab/tree/sleep.ipynb?reset&token={lab.token}")
-    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-    kernel_idle(page)
+    page = open_notebook(browser, lab, "sleep.ipynb")
     yield page
     page.close()
-
-
-def kernel_idle(page, timeout: float = 60_000) -> None:
-    page.wait_for_function(
-        "() => { const a = window.jupyterapp; const nb = a && a.shell.currentWidget;"
-        " const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;"
-        " return !!k && k.status === 'idle'; }", timeout=timeout)
-
-
-def shoot(page, panel, path: Path) -> None:
-    """The panel down to its last section (the sidebar below it is empty), for the README."""
-    box = panel.bounding_box()
-    bottom = panel.evaluate("n => Math.max(...Array.from(n.children).map(c => c.getBoundingClientRect().bottom))")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"],
-                                          "height": min(box["height"], bottom - box["y"] + 12)})
-
-
-def open_panel(page):
-    panel = page.locator("#gpuctx-panel")
-    if not panel.is_visible():
-        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]').click()
-    panel.wait_for(state="visible")
-    return panel
 
 
 def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
@@ -102,7 +56,7 @@ def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
     # the stream is live, and the notebook section names the active notebook
     page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-connection').dataset.state === 'open'")
     assert "sleep.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
-    shoot(page, panel, IMG / "panel-light.png")
+    shoot(page, panel, IMG / "panel-nogpu.png")
     assert browser.errors == []
 
 
@@ -140,16 +94,4 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     kernel_idle(page, timeout=30_000)
     assert time.monotonic() - started < 30, "the cell ran on: the interrupt did not reach the kernel"
     assert "slept on" not in page.locator(".jp-Notebook .jp-OutputArea").first.inner_text()
-    assert browser.errors == []
-
-
-def test_dark_theme_screenshot(page, browser):
-    panel = open_panel(page)
-    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-    page.wait_for_timeout(500)  # the theme's CSS variables settle
-    bg = panel.evaluate("n => getComputedStyle(n).backgroundColor")
-    assert re.match(r"rgb\((\d+), (\d+), (\d+)\)", bg) and sum(map(int, re.findall(r"\d+", bg)[:3])) < 3 * 100, bg
-    shoot(page, panel, IMG / "panel-dark.png")
-    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
     assert browser.errors == []

@@ -7,6 +7,7 @@ import textwrap
 import pytest
 from IPython.core.error import UsageError
 
+from gpuctx_jupyter.frameworks import Framework
 from gpuctx_jupyter.switching import PostImportHook
 
 from .conftest import h200
@@ -234,14 +235,16 @@ def test_post_import_hook_calls_back_after_the_module_ran(tmp_path, monkeypatch)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     seen = []
-    hook = PostImportHook({"gpuctx_probe_pkg"}, lambda name: seen.append((name, sys.modules[name].VALUE)))
+    probe = type("Probe", (Framework,), {"module": "gpuctx_probe_pkg"})()
+    hook = PostImportHook({"gpuctx_probe_pkg"},
+                          lambda name: seen.append((name, sys.modules[name].VALUE, probe.loaded())))
     hook.install()
     try:
         import gpuctx_probe_pkg
     finally:
         hook.remove()
         sys.modules.pop("gpuctx_probe_pkg", None)
-    assert seen == [("gpuctx_probe_pkg", 42)]
+    assert seen == [("gpuctx_probe_pkg", 42, True)]  # switching code sees it as loaded
     assert type(gpuctx_probe_pkg.__loader__).__name__ == "SourceFileLoader"
 
 

@@ -1,6 +1,7 @@
 """The live monitor: widgets built from samples, history, error state, the shared sampler."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import replace
@@ -14,6 +15,9 @@ from gpuctx_jupyter.sampler import History, Point, Sample, Sampler
 
 from .conftest import h200
 from .kernels import run, start, stop
+
+
+TRACE = os.path.join(os.path.dirname(__file__), "data", "h200-trace.jsonl")  # recorded on 2 × H200
 
 
 def fake_read(records):
@@ -187,3 +191,29 @@ def test_this_kernel_is_found_in_a_container_where_nvml_lists_host_pids(monkeypa
 
     alone = inventory.OwnPids()
     assert 7777 in alone.update(inv_with([(7777, 600 * mib)]))  # the only process while we hold memory
+
+
+def test_replay_of_a_recorded_h200_trace_is_labelled_and_leaves_live_monitors_live(shell):
+    """`%gpu monitor --replay`: the recorded H200 trace in tests/data, its own sampler, and a label
+    before anything else; a bad trace is a one-line UsageError."""
+    from IPython.core.error import UsageError
+
+    live = GpuMonitor(interval=0.05)  # the process's sampler: no GPU here
+    mon = shell.run_line_magic("gpu", f"monitor --replay {TRACE} --interval 0.05")
+    try:
+        assert mon.sampler is not live.sampler
+        assert wait_for(lambda: len(mon._body.children) == 2)
+        assert mon.status.value.startswith("<b style='color:#e65100'>REPLAY of a trace recorded 2026-")
+        assert "not live data" in mon.status.value and "h200-trace.jsonl" in mon.status.value
+        card = mon._body.children[0]
+        assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in card.title.value and card.mem.max > 100 * 1024**3
+        assert "◀ this kernel" not in card.procs.value and "torch:" not in card.numbers.value
+        assert wait_for(lambda: "No GPU is visible" in live.status.value)  # still live, still honest
+    finally:
+        mon.close()
+        live.close()
+    assert wait_for(lambda: not sampler_threads())
+    with pytest.raises(UsageError, match="cannot replay nowhere.jsonl: .*No such file"):
+        shell.run_line_magic("gpu", "monitor --replay nowhere.jsonl")
+    with pytest.raises(UsageError, match="is not a gpuctx trace"):
+        shell.run_line_magic("gpu", f"monitor --replay {__file__}")

@@ -209,6 +209,9 @@ export function kernelRows(view: IKernelView | null): IKernelRow[] {
     });
   }
   rows.push({ label: 'Warm-up', value: warmupText(view) });
+  if (view.pooled) {
+    rows.push({ label: 'Started', value: 'from the warm pool' });
+  }
   return rows;
 }
 

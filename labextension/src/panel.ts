@@ -136,7 +136,7 @@ export class GpuPanel extends Widget {
     const text: Record<StreamState, string> = {
       idle: '',
       connecting: 'connecting…',
-      open: 'live',
+      open: 'connected', // to the server's stream; whether the data is live, the replay banner says
       waiting: `reconnecting (attempt ${attempts})…`
     };
     this._connection.textContent = text[state];

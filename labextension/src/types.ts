@@ -97,6 +97,8 @@ export interface IKernelView {
   memory?: IAllocatorMemory[];
   warmup?: IWarmup;
   cuda_visible_devices?: string | null;
+  /** Handed out by the server's warm kernel pool (started and warmed before it was asked for). */
+  pooled?: boolean;
 }
 
 export type KernelAction = 'interrupt' | 'restart' | 'shutdown';

@@ -92,6 +92,12 @@ describe('kernelRows', () => {
     ]);
   });
 
+  it('says when the kernel came from the warm pool', () => {
+    const rows = kernelRows({ status: 'ok', device: 0, pooled: true, warmup: { state: 'done', device: 0, total: 4 } });
+    expect(rows[rows.length - 1]).toEqual({ label: 'Started', value: 'from the warm pool' });
+    expect(kernelRows({ status: 'ok', device: 0, pooled: false }).map(r => r.label)).not.toContain('Started');
+  });
+
   it('says why a kernel did not answer', () => {
     expect(kernelRows({ status: 'no-answer', reason: 'gpuctx is not loaded' })).toEqual([
       { label: 'GPU view', value: 'no answer: gpuctx is not loaded' }

@@ -5,12 +5,42 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 CHROMIUM = os.environ.get("GPUCTX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
 ]
+
+LAB_ARGS = [
+    "--LabApp.expose_app_in_browser=True",  # window.jupyterapp: switch themes from the tests
+    "--LabApp.news_url=None",  # no fetch of JupyterLab's news feed (no network)
+    "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+]
+
+
+def notebook_json(cell_id: str, source: str) -> str:
+    """A one-cell notebook on the python3 kernel, as a file's text."""
+    import json
+
+    return json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "id": cell_id, "metadata": {}, "outputs": [],
+                   "source": source}],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    })
+
+
+def browser_tests_mark():
+    """Skip where no browser can run; on CI that is an error instead."""
+    import pytest
+
+    why_not = missing_browser()
+    if why_not and os.environ.get("CI"):
+        raise RuntimeError(f"browser tests cannot run on CI: {why_not}")
+    return pytest.mark.skipif(why_not is not None, reason=why_not or "")
+
 
 def missing_browser() -> str | None:
     """Why the browser tests cannot run here, or None."""
@@ -54,3 +84,36 @@ class Browser:
         finally:
             self._pw.stop()
             shutil.rmtree(self.profile, ignore_errors=True)
+
+
+def kernel_idle(page, timeout: float = 60_000) -> None:
+    page.wait_for_function(
+        "() => { const a = window.jupyterapp; const nb = a && a.shell.currentWidget;"
+        " const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;"
+        " return !!k && k.status === 'idle'; }", timeout=timeout)
+
+
+def shoot(page, panel, path: Path) -> None:
+    """The panel down to its last section (the sidebar below it is empty), for the README."""
+    box = panel.bounding_box()
+    bottom = panel.evaluate("n => Math.max(...Array.from(n.children).map(c => c.getBoundingClientRect().bottom))")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), clip={"x": box["x"], "y": box["y"], "width": box["width"],
+                                          "height": min(box["height"], bottom - box["y"] + 12)})
+
+
+def open_panel(page):
+    panel = page.locator("#gpuctx-panel")
+    if not panel.is_visible():
+        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]').click()
+    panel.wait_for(state="visible")
+    return panel
+
+
+def open_notebook(browser: Browser, lab, name: str):
+    """A new page with the notebook open in JupyterLab and its kernel idle."""
+    page = browser.page()
+    page.goto(f"{lab.url}/lab/tree/{name}?reset&token={lab.token}")
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    kernel_idle(page)
+    return page

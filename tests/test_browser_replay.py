@@ -1,0 +1,132 @@
+"""The panel and the notebook monitor in a real JupyterLab (Debian's Chromium) fed by the trace
+recorded on 2 × H200 (tests/data/h200-trace.jsonl, `scripts/record-trace.sh`), through the
+explicit replay mode: the cards render from real NVML samples and every view says it is a replay.
+The server also keeps a warm kernel pool, so the notebook's kernel comes from the pool and the
+panel says so. The README's screenshots come from here."""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from .browser.lab import LAB_ARGS, browser_tests_mark, notebook_json, open_notebook, open_panel, shoot
+from .serverproc import Server
+
+REPO = Path(__file__).resolve().parent.parent
+IMG = REPO / "docs" / "img"
+TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"
+BANNER = "Replay of a recorded trace — not live data"
+
+pytestmark = browser_tests_mark()
+
+NOTEBOOK = notebook_json("monitor", "# the server loaded gpuctx into this kernel\n"
+                                    "m = %gpu monitor --replay h200-trace.jsonl --history 30")
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replay-lab")
+    (root / "train.ipynb").write_text(NOTEBOOK)
+    shutil.copy(TRACE, root / "h200-trace.jsonl")
+    server = Server(str(root), app="jupyterlab", args=[
+        f"--GpuctxServer.replay_trace={TRACE}", "--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always",
+        *LAB_ARGS,
+    ])
+    server.start(timeout=120)
+    deadline = time.monotonic() + 60
+    while "gpuctx pool: standby python3 kernel ready" not in server.log():
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.2)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(lab, browser):
+    page = open_notebook(browser, lab, "train.ipynb")
+    yield page
+    page.close()
+
+
+def test_panel_renders_the_replayed_h200_trace_under_a_replay_banner(lab, page, browser):
+    status, snapshot = lab.api("GET", "/gpuctx/api/devices")
+    assert status == 200 and snapshot["gpu"] and snapshot["replay"]["source"] == str(TRACE), snapshot
+    panel = open_panel(page)
+    cards = panel.locator(".jp-gpuctx-card")
+    cards.nth(1).wait_for(state="visible")
+    assert cards.count() == 2
+    banner = panel.locator(".jp-gpuctx-replay")
+    assert banner.is_visible() and BANNER in banner.inner_text() and str(TRACE) in banner.inner_text()
+    assert "cuda:0 · NVIDIA H200" in cards.nth(0).inner_text() and "cuda:1 · NVIDIA H200" in cards.nth(1).inner_text()
+    assert panel.locator(".jp-gpuctx-nogpu").inner_text() == ""
+    # the recorded load alternates 12 s busy and 8 s idle: the history chart draws it
+    page.wait_for_function("() => Array.from(document.querySelectorAll('#gpuctx-panel .jp-gpuctx-sparkline-utilization'))"
+                           ".filter(p => (p.getAttribute('d') || '').includes('L')).length === 2", timeout=30_000)
+    status_item = page.locator(".jp-gpuctx-status-button")
+    page.wait_for_function("() => document.querySelector('.jp-gpuctx-status-button').textContent.endsWith('(replay)')")
+    assert "replay" in status_item.get_attribute("aria-label").lower()
+    assert browser.errors == []
+
+
+def test_the_notebook_section_says_its_kernel_came_from_the_warm_pool(page, browser):
+    panel = open_panel(page)
+    rows = panel.locator(".jp-gpuctx-notebook .jp-gpuctx-rows")
+    page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-notebook .jp-gpuctx-rows')"
+                           ".textContent.includes('from the warm pool')", timeout=30_000)
+    assert "Started" in rows.inner_text()
+    assert "train.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
+    shoot(page, panel, IMG / "panel-light.png")
+    assert browser.errors == []
+
+
+def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
+    page.locator(".jp-Notebook .jp-Cell").first.click()
+    page.keyboard.press("Shift+Enter")
+    output = page.locator(".jp-Notebook .jp-OutputArea-output").first
+    output.wait_for(state="visible", timeout=60_000)
+    page.wait_for_function("() => { const o = document.querySelector('.jp-Notebook .jp-OutputArea-output');"
+                           " return o && o.textContent.includes('cuda:1 · NVIDIA H200') &&"
+                           " o.textContent.includes('GPU memory') && /util [1-9]\\d*%/.test(o.textContent) &&"
+                           " o.querySelectorAll('svg polyline').length >= 4; }", timeout=60_000)  # the busy phase
+    text = output.inner_text()
+    assert text.startswith("REPLAY of a trace recorded 2026-") and "not live data" in text
+    assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in text and "GPU memory" in text
+    assert re.search(r"util \d+%", text) and "/ 700 W" in text
+    page.wait_for_timeout(20_000)  # into the second busy phase: the plot shows busy, idle, busy
+    output.screenshot(path=str(IMG / "monitor.png"))
+    assert browser.errors == []
+
+
+def test_dark_theme(page, browser):
+    panel = open_panel(page)
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
+    page.wait_for_timeout(500)  # the theme's CSS variables settle
+    bg = panel.evaluate("n => getComputedStyle(n).backgroundColor")
+    assert re.match(r"rgb\((\d+), (\d+), (\d+)\)", bg) and sum(map(int, re.findall(r"\d+", bg)[:3])) < 3 * 100, bg
+    card_bg = panel.locator(".jp-gpuctx-card").first.evaluate("n => getComputedStyle(n).color")
+    assert sum(map(int, re.findall(r"\d+", card_bg)[:3])) > 3 * 150, card_bg  # light text on dark
+    banner = panel.locator(".jp-gpuctx-replay")
+    fg, bg = banner.evaluate("n => [getComputedStyle(n).color, getComputedStyle(n).backgroundColor]")
+    assert contrast(fg, bg) >= 4.5, (fg, bg)  # the replay warning stays readable (WCAG AA)
+    shoot(page, panel, IMG / "panel-dark.png")
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    assert browser.errors == []
+
+
+def contrast(fg: str, bg: str) -> float:
+    """WCAG contrast ratio of two CSS rgb()/rgba() colours (fg's alpha blended over bg)."""
+    f = [float(v) for v in re.findall(r"[\d.]+", fg)]
+    b = [float(v) for v in re.findall(r"[\d.]+", bg)][:3]
+    alpha = f[3] if len(f) > 3 else 1.0
+    f = [alpha * c + (1 - alpha) * d for c, d in zip(f[:3], b)]
+
+    def lum(rgb):
+        lin = [(c / 255 / 12.92) if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(f), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
