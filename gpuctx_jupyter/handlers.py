@@ -40,6 +40,13 @@ class GpuApi:
         self.reported: dict[str, tuple[int | None, int]] = {}  # kernel id -> (local pid, own pid)
         self._message: tuple[Sample | None, str] = (None, "")
 
+    def remember_pid(self, kernel_id: str, local_pid: int | None, own_pid: int) -> None:
+        """Keep the PID a kernel reported; entries of kernels gone meanwhile are dropped here."""
+        live = set(self.serverapp.kernel_manager.list_kernel_ids())
+        for gone in [k for k in self.reported if k not in live]:
+            del self.reported[gone]
+        self.reported[kernel_id] = (local_pid, own_pid)
+
     def _fresh(self) -> Sample | None:
         """The sampler's latest sample if no older than the fastest rate a client may ask for."""
         sample = self.sampler.latest
@@ -98,7 +105,7 @@ class KernelHandler(GpuctxHandler):
         kernel = self.kernel_or_404(kernel_id)
         answer = await kernel_query.ask(kernel, self.api.cfg.kernel_query_timeout)
         if answer.get("status") == "ok" and answer.get("pid"):
-            self.api.reported[kernel_id] = (snapshot.local_pid(kernel), answer["pid"])
+            self.api.remember_pid(kernel_id, snapshot.local_pid(kernel), answer["pid"])
         self.finish({"kernel_id": kernel_id, **answer})
 
 

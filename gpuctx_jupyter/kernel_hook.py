@@ -52,6 +52,8 @@ class KernelHook:
                 kwargs["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), "--ext=gpuctx"]
         kernel_id = await _maybe_await(self._start(*args, **kwargs))
         if plan:
+            for gone in [k for k in self.warmed if k not in self.km]:  # shut down since
+                del self.warmed[gone]
             self.warmed[kernel_id] = plan
             if self.gateway:
                 self._warm_remote(kernel_id, plan)

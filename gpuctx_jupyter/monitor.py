@@ -133,6 +133,7 @@ class GpuMonitor(widgets.VBox):
         self._body = widgets.VBox()
         self._own = inventory.OwnPids()
         self._displayed_at: int | None = None
+        self._cell: str | None = None  # the notebook cell that displayed it
         super().__init__([widgets.HBox([self.status, self.stop_button]), self._body])
         _open.add(self)
         self._token = self.sampler.subscribe(self.update, self.interval)
@@ -211,11 +212,26 @@ def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -
         from .trace import Replay
 
         replay = Replay(replay)
-    mon = GpuMonitor(specs, interval=interval, history=history, replay=replay)
-    display(mon._repr_mimebundle_(), raw=True)
     ip = get_ipython()
+    cell = _cell_id(ip)
+    if cell is not None:  # re-running a cell replaces its monitor (its old output is gone) instead of stacking
+        for old in [m for m in list(_open) if m._cell == cell]:
+            old.close()
+    mon = GpuMonitor(specs, interval=interval, history=history, replay=replay)
+    mon._cell = cell
+    display(mon._repr_mimebundle_(), raw=True)
     mon._displayed_at = ip.execution_count if ip is not None else None
     return mon
+
+
+def _cell_id(ip) -> str | None:
+    """The notebook cell being run, where the frontend says (JupyterLab sends `cellId`)."""
+    kernel = getattr(ip, "kernel", None)
+    try:
+        parent = kernel.get_parent() if kernel is not None else None
+    except Exception:
+        return None
+    return ((parent or {}).get("metadata") or {}).get("cellId")
 
 
 def close_all() -> None:

@@ -4,6 +4,7 @@ keeps a bounded history, and survives NVML errors and lost GPUs.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field
 
 from . import inventory
 from .devices import GpuRecord
+
+log = logging.getLogger("gpuctx")
 
 
 @dataclass
@@ -38,6 +41,7 @@ class _Listener:
     callback: object
     interval: float
     due: float = 0.0
+    failed: bool = False  # its first error was logged; later ones are not
 
 
 @dataclass
@@ -135,7 +139,10 @@ class Sampler:
                 try:
                     lis.callback(sample)
                 except Exception:  # one broken viewer must not stop the others
-                    pass
+                    if not lis.failed:
+                        lis.failed = True
+                        log.warning("gpuctx: a GPU viewer failed on a sample (later failures of it are "
+                                    "not logged)", exc_info=True)
 
 
 _process_sampler: Sampler | None = None

@@ -217,3 +217,46 @@ def test_replay_of_a_recorded_h200_trace_is_labelled_and_leaves_live_monitors_li
         shell.run_line_magic("gpu", "monitor --replay nowhere.jsonl")
     with pytest.raises(UsageError, match="is not a gpuctx trace"):
         shell.run_line_magic("gpu", f"monitor --replay {__file__}")
+
+
+def test_a_broken_viewer_is_logged_once_and_the_others_go_on(caplog):
+    sampler = Sampler(read=fake_read([h200(0)]))
+    good = []
+
+    def broken(sample):
+        raise RuntimeError("viewer bug")
+
+    tokens = [sampler.subscribe(broken, 0.05), sampler.subscribe(good.append, 0.05)]
+    try:
+        assert wait_for(lambda: len(good) >= 5)
+    finally:
+        for t in tokens:
+            sampler.unsubscribe(t)
+    failures = [r for r in caplog.records if "a GPU viewer failed" in r.getMessage()]
+    assert len(failures) == 1 and "viewer bug" in failures[0].exc_text
+
+
+def test_rerunning_a_monitor_cell_replaces_its_monitor():
+    """JupyterLab names the cell in each execute_request (`cellId`): a re-run closes that cell's
+    old monitor, whose output the re-run cleared; a monitor of another cell stays."""
+    km, kc = start()
+
+    def run_in_cell(cell_id, code):
+        msg = kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                 "user_expressions": {}, "allow_stdin": False,
+                                                 "stop_on_error": True}, metadata={"cellId": cell_id})
+        kc.shell_channel.send(msg)
+        reply = kc.get_shell_msg(timeout=30)
+        assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+        assert reply["content"]["status"] == "ok", reply["content"]
+
+    try:
+        run_in_cell("a", "%load_ext gpuctx")
+        for _ in range(3):
+            run_in_cell("a", "m = %gpu monitor --interval 0.2")
+        run_in_cell("b", "n = %gpu monitor --interval 0.2")
+        r = run(kc, "from gpuctx_jupyter import monitor as _m\n"
+                    "print(len(_m._open), _m.process_sampler().listeners, n in _m._open, m in _m._open)")
+        assert r.stdout.split() == ["2", "2", "True", "True"]
+    finally:
+        stop(km, kc)

@@ -172,6 +172,18 @@ async def test_a_kernel_with_gpuctx_answers_with_its_pid(jp_fetch, jp_serverapp)
     assert answer["device"] is None and "warmup" in answer
 
 
+async def test_what_the_server_keeps_per_kernel_goes_with_the_kernel(jp_fetch, jp_serverapp):
+    """A long-running server starts and stops many kernels: nothing of theirs stays behind."""
+    state = jp_serverapp.web_app.settings["gpuctx"]
+    first = await start_kernel(jp_fetch)
+    assert (await ask_kernel(jp_fetch, first))["status"] == "ok"
+    assert first in state["api"].reported and first in state["kernel_hook"].warmed
+    await jp_fetch("api", "kernels", first, method="DELETE")
+    second = await start_kernel(jp_fetch)
+    assert (await ask_kernel(jp_fetch, second))["status"] == "ok"
+    assert set(state["api"].reported) == {second} and set(state["kernel_hook"].warmed) == {second}
+
+
 @pytest.mark.parametrize("gpuctx_traits", [{"warm_policy": "never"}])
 async def test_a_kernel_without_gpuctx_gets_no_answer_within_the_timeout(jp_fetch):
     kid = await start_kernel(jp_fetch)
