@@ -57,7 +57,7 @@ class KernelPool:
         self.standbys: list[Standby] = []
         self._starting: dict[str, int] = {}
         self._task: asyncio.Task | None = None
-        self._spawning: set[asyncio.Task] = set()  # standbys starting, replaced kernels stopping
+        self._tasks: set[asyncio.Task] = set()  # background work: standbys starting, replaced kernels stopping
         self._closing = False
         self._next_start = self.mkm.start_kernel
         self._next_restart = self.mkm.restart_kernel
@@ -220,8 +220,8 @@ class KernelPool:
 
     def _background(self, coro) -> None:
         task = asyncio.ensure_future(coro)
-        self._spawning.add(task)
-        task.add_done_callback(self._spawning.discard)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stop_old(self, old, kernel_id: str) -> None:
         try:
@@ -280,7 +280,7 @@ class KernelPool:
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-        await asyncio.gather(*self._spawning, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         standbys, self.standbys = self.standbys, []
         await asyncio.gather(*(self._shutdown(s) for s in standbys), return_exceptions=True)
         return await ensure_async(self._next_shutdown_all(*args, **kwargs))

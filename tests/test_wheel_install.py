@@ -9,7 +9,6 @@ the checkout's editable-install hook is not loaded): the wheel's own files are w
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
