@@ -5,6 +5,6 @@ from gpuctx_jupyter import load_ipython_extension, unload_ipython_extension  # n
 def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay: str | None = None):
     """Display a live GPU monitor in the notebook and return it (`.close()` stops it);
     `replay=PATH` shows a recorded trace instead, labelled as a replay."""
-    from gpuctx_jupyter.monitor import monitor as _monitor
+    from gpuctx_jupyter.kernel.monitor import monitor as _monitor
 
     return _monitor(*specs, interval=interval, history=history, replay=replay)

@@ -27,7 +27,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gpuctx_jupyter import inventory  # noqa: E402
+from gpuctx_jupyter.core import inventory  # noqa: E402
 from tests.serverproc import Server  # noqa: E402
 
 GPU_CELL = """import torch

@@ -35,7 +35,7 @@ def main() -> None:
 
     from IPython.testing.globalipapp import get_ipython
 
-    from gpuctx_jupyter import inventory
+    from gpuctx_jupyter.core import inventory
 
     shell = get_ipython()
     shell.run_line_magic("load_ext", "gpuctx")

@@ -21,12 +21,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpuctx_jupyter import inventory  # noqa: E402
+from gpuctx_jupyter.core import inventory  # noqa: E402
 
 
 def ours(seconds: float, interval: float) -> dict:
-    from gpuctx_jupyter.monitor import GpuMonitor
-    from gpuctx_jupyter.sampler import Sampler
+    from gpuctx_jupyter.kernel.monitor import GpuMonitor
+    from gpuctx_jupyter.core.sampler import Sampler
 
     sampler = Sampler()
     costs = []

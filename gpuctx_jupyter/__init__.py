@@ -9,14 +9,14 @@ __all__ = ["__version__", "load_ipython_extension", "unload_ipython_extension"]
 
 def load_ipython_extension(ip):
     """`%load_ext gpuctx`: register the magics and the per-cell hooks (twice is harmless)."""
-    from .extension import load
+    from .kernel.extension import load
 
     load(ip)
 
 
 def unload_ipython_extension(ip):
     """`%unload_ext gpuctx`: remove every magic, hook and import hook that loading added."""
-    from .extension import unload
+    from .kernel.extension import unload
 
     unload(ip)
 
@@ -31,6 +31,6 @@ def _jupyter_server_extension_points():
 
 def _load_jupyter_server_extension(serverapp):
     """jupyter_server calls this once at start-up (enabled by jupyter-config on install)."""
-    from .serverext import load
+    from .server.extension import load
 
     load(serverapp)

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from gpuctx_jupyter import nvml
-from gpuctx_jupyter.devices import GpuProcess, GpuRecord
+from gpuctx_jupyter.core import nvml
+from gpuctx_jupyter.core.devices import GpuProcess, GpuRecord
 
 
 

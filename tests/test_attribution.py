@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from gpuctx_jupyter import attribution
-from gpuctx_jupyter.attribution import KernelInfo, describe, kernel_pids, owners
-from gpuctx_jupyter.devices import GpuProcess
+from gpuctx_jupyter.server import attribution
+from gpuctx_jupyter.server.attribution import KernelInfo, describe, kernel_pids, owners
+from gpuctx_jupyter.core.devices import GpuProcess
 
 from .conftest import GIB, h200
 

@@ -1,7 +1,7 @@
 """The device model: CUDA's enumeration order, CUDA_VISIBLE_DEVICES, and device specs."""
 import pytest
 
-from gpuctx_jupyter.devices import (
+from gpuctx_jupyter.core.devices import (
     GpuRecord,
     SpecError,
     VisibleDevice,

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gpuctx_jupyter import inventory
+from gpuctx_jupyter.core import inventory
 
 from .kernels import run, start, stop
 

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 from IPython.core.error import UsageError
 
-from gpuctx_jupyter.frameworks import Framework
-from gpuctx_jupyter.switching import PostImportHook
+from gpuctx_jupyter.core.frameworks import Framework
+from gpuctx_jupyter.kernel.switching import PostImportHook
 
 from .conftest import h200
 
@@ -107,7 +107,7 @@ def test_help_explains_every_subcommand(shell, capsys):
 
 
 def test_question_mark_help_is_the_docstring(shell):
-    from gpuctx_jupyter.magics import GpuMagics
+    from gpuctx_jupyter.kernel.magics import GpuMagics
 
     assert "%gpu use auto" in GpuMagics.gpu.__doc__
     info = shell.object_inspect("%gpu")
@@ -130,7 +130,7 @@ def test_list_numbers_by_cuda_ordinal_with_smi_index(shell, nvml_records, clean_
 def test_list_html_in_notebook(shell, nvml_records, clean_env):
     nvml_records([h200(0), h200(1)])
     report = shell.user_ns["_gpuctx_magics"] = shell._gpuctx_magics._list_report(
-        __import__("gpuctx_jupyter.inventory", fromlist=["take"]).take()
+        __import__("gpuctx_jupyter.core.inventory", fromlist=["take"]).take()
     )
     html = report._repr_html_()
     assert "<table" in html and "cuda:1" in html and "NVIDIA H200" in html
@@ -173,7 +173,7 @@ def test_use_records_choice_and_reports_what_did_not_follow(shell, nvml_records,
 def test_on_gpu_restores_after_exception(shell, nvml_records, clean_env, capsys):
     nvml_records([h200(0), h200(1)])
     magics = shell._gpuctx_magics
-    result = shell.run_cell("%%on_gpu 1\nseen = __import__('gpuctx_jupyter').extension\n1/0")
+    result = shell.run_cell("%%on_gpu 1\nseen = __import__('gpuctx_jupyter').kernel.extension\n1/0")
     assert isinstance(result.error_in_exec, ZeroDivisionError)
     assert magics.switcher.choice is None
     err = capsys.readouterr()

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from gpuctx_jupyter import inventory
-from gpuctx_jupyter.devices import resolve_visibility
-from gpuctx_jupyter.monitor import GpuMonitor, sparkline
-from gpuctx_jupyter.sampler import History, Point, Sample, Sampler
+from gpuctx_jupyter.core import inventory
+from gpuctx_jupyter.core.devices import resolve_visibility
+from gpuctx_jupyter.kernel.monitor import GpuMonitor, sparkline
+from gpuctx_jupyter.core.sampler import History, Point, Sample, Sampler
 
 from .conftest import h200
 from .kernels import run, start, stop
@@ -175,7 +175,7 @@ def test_in_a_kernel_updates_flow_while_another_cell_runs():
 
 def test_this_kernel_is_found_in_a_container_where_nvml_lists_host_pids(monkeypatch):
     """NVML reports host PIDs (5555, 6666) that are not ours; torch's reserved memory tells."""
-    from gpuctx_jupyter.devices import GpuProcess
+    from gpuctx_jupyter.core.devices import GpuProcess
 
     def inv_with(procs):
         return fake_read([replace(h200(0), processes=tuple(GpuProcess(p, m, "compute") for p, m in procs))])()
@@ -255,7 +255,7 @@ def test_rerunning_a_monitor_cell_replaces_its_monitor():
         for _ in range(3):
             run_in_cell("a", "m = %gpu monitor --interval 0.2")
         run_in_cell("b", "n = %gpu monitor --interval 0.2")
-        r = run(kc, "from gpuctx_jupyter import monitor as _m\n"
+        r = run(kc, "from gpuctx_jupyter.kernel import monitor as _m\n"
                     "print(len(_m._open), _m.process_sampler().listeners, n in _m._open, m in _m._open)")
         assert r.stdout.split() == ["2", "2", "True", "True"]
     finally:

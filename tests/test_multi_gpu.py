@@ -21,7 +21,7 @@ def two_gpus():
 LIST = """
 %load_ext gpuctx
 import json, torch
-from gpuctx_jupyter import inventory
+from gpuctx_jupyter.core import inventory
 torch.cuda.init()
 rows = get_ipython()._gpuctx_magics._list_report(inventory.take()).data["devices"]
 truth = ["GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
@@ -31,7 +31,7 @@ print(json.dumps({"rows": [[r["ordinal"], r["nvidia_smi_index"], r["uuid"]] for 
 PREDICT = """
 %load_ext gpuctx
 import json
-from gpuctx_jupyter import inventory
+from gpuctx_jupyter.core import inventory
 rows = get_ipython()._gpuctx_magics._list_report(inventory.take()).data["devices"]
 print(json.dumps([r["uuid"] for r in rows]))
 import torch; torch.cuda.init()

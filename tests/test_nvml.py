@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from gpuctx_jupyter import nvml
+from gpuctx_jupyter.core import nvml
 
 MIB = 1024**2
 
@@ -36,7 +36,7 @@ def nvml_error(name):
 
 def test_import_does_not_initialise_nvml_or_cuda():
     code = (
-        "import sys, gpuctx_jupyter.nvml, gpuctx_jupyter.devices\n"
+        "import sys, gpuctx_jupyter.core.nvml, gpuctx_jupyter.core.devices\n"
         "lib = getattr(sys.modules.get('pynvml'), 'nvmlLib', None)\n"
         "assert lib is None, 'NVML loaded at import'\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from gpuctx_jupyter.pool import Standby, compatible
+from gpuctx_jupyter.server.pool import Standby, compatible
 
 from .serverproc import Server
 from .test_server_hook import notebook

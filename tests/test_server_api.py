@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPClientError
 
-from gpuctx_jupyter import nvml
-from gpuctx_jupyter.sampler import process_sampler
+from gpuctx_jupyter.core import nvml
+from gpuctx_jupyter.core.sampler import process_sampler
 
 from .conftest import GIB, h200
 from .test_server_hook import kernel_gateway, server_factory  # noqa: F401 (fixtures)

@@ -191,8 +191,8 @@ def test_device_assignment_policies():
     import itertools
     from dataclasses import replace
 
-    from gpuctx_jupyter.devices import VisibleDevice
-    from gpuctx_jupyter.kernel_hook import pick_device
+    from gpuctx_jupyter.core.devices import VisibleDevice
+    from gpuctx_jupyter.server.kernel_hook import pick_device
 
     from .conftest import h200
 

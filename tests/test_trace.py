@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from gpuctx_jupyter import trace
+from gpuctx_jupyter.core import trace
 
 from .conftest import NO_GPU, h200
 

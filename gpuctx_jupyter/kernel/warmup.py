@@ -9,11 +9,8 @@ lazy-init lock for the rest only. Failures are recorded and logged once, never r
 from __future__ import annotations
 
 import importlib
-import json
 import logging
-import os
 import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,27 +18,14 @@ from dataclasses import dataclass, field
 from traitlets import Enum, List, Unicode, default
 from traitlets.config import Configurable
 
-from . import frameworks as fws
-from . import inventory
+from ..contract import DEFAULT_OPS, FRAMEWORKS, OPS, WarmPlan
+from ..core import frameworks as fws
+from ..core import inventory
 
 log = logging.getLogger("gpuctx")
-if not log.handlers:
-    # The kernel's own stderr (the server's log), never a cell's output: ipykernel redirects
-    # sys.stderr into whichever cell is running.
-    _handler = logging.StreamHandler(sys.__stderr__)
-    _handler.setFormatter(logging.Formatter("[gpuctx %(levelname)s] %(message)s"))
-    log.addHandler(_handler)
-    log.propagate = False
-
-OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv", "backward")
-# backward is opt-in: autograd's first backward starts a per-GPU worker thread that keeps its own
-# cuBLAS/cuDNN handles (~100 MiB) for the kernel's life; only training notebooks pay that anyway.
-DEFAULT_OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv")
 # A first cell that names one of these will do its own first GPU work: the warm-up then stops
 # after its current phase instead of competing with it (import and CUDA start-up are shared).
 _GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|on_gpu)\b")  # not %gpu: `%gpu status` only looks
-FRAMEWORKS = ("torch", "cupy", "jax")
-_GPU_CODE = re.compile(r"^\s*(?:import|from)\s+(?:torch|cupy|jax|numba)\b|^\s*%%?(?:gpu|on_gpu)\b", re.M)
 
 
 class GpuWarmup(Configurable):
@@ -81,63 +65,27 @@ class GpuWarmup(Configurable):
 
     @default("policy")
     def _policy_default(self):
-        value = os.environ.get("GPUCTX_WARM", "never").strip().lower()
-        return {"1": "always", "true": "always", "0": "never", "false": "never", "": "never"}.get(value, value) \
-            if value in ("1", "true", "0", "false", "", "never", "always", "auto") else "never"
+        return WarmPlan.from_env().policy
 
     @default("frameworks")
     def _frameworks_default(self):
-        return _env_list("GPUCTX_WARM_FRAMEWORKS", ["torch"])
+        return WarmPlan.from_env().frameworks
 
     @default("ops")
     def _ops_default(self):
-        return _env_list("GPUCTX_WARM_OPS", list(DEFAULT_OPS))
+        return WarmPlan.from_env().ops
 
     @default("imports")
     def _imports_default(self):
-        return _env_list("GPUCTX_WARM_IMPORTS", [])
+        return WarmPlan.from_env().imports
 
     @default("device")
     def _device_default(self):
-        return os.environ.get("GPUCTX_DEVICE", "")
+        return WarmPlan.from_env().device
 
     @default("device_source")
     def _source_default(self):
-        return os.environ.get("GPUCTX_DEVICE_SOURCE", "kernel config" if self.device else "")
-
-
-def _env_list(name: str, fallback: list[str]) -> list[str]:
-    raw = os.environ.get(name)
-    return [x.strip() for x in raw.split(",") if x.strip()] if raw else fallback
-
-
-def opted_out(env=None) -> bool:
-    """GPUCTX_WARM=0 (or false/off/never) in the kernel's environment: no warm-up, whatever else says."""
-    env = os.environ if env is None else env
-    return env.get("GPUCTX_WARM", "").strip().lower() in ("0", "false", "off", "never")
-
-
-def notebook_wants_gpu(path: str | None) -> tuple[bool, str]:
-    """The `auto` policy: does this notebook use a GPU framework? (and why we think so)"""
-    if not path:
-        return False, "no notebook (JPY_SESSION_NAME unset)"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            nb = json.load(fh)
-    except (OSError, ValueError) as exc:
-        return False, f"cannot read the notebook {path}: {exc}"
-    meta = nb.get("metadata", {}).get("gpuctx", {})
-    if isinstance(meta, dict) and meta.get("warm") is False:
-        return False, "the notebook opts out (metadata gpuctx.warm = false)"
-    for cell in nb.get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else src
-        match = _GPU_CODE.search(src)
-        if match:
-            return True, f"the notebook uses a GPU framework ({match.group(0).strip()})"
-    return False, "the notebook uses no GPU framework"
+        return WarmPlan.from_env().device_source or ("kernel config" if self.device else "")
 
 
 @dataclass

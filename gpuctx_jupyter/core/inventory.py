@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from . import frameworks as fws
 from . import nvml
+from .procs import ns_pids
 from .devices import GpuRecord, VisibleDevice, Visibility, resolve_visibility
 
 
@@ -92,13 +93,7 @@ def own_pids() -> set[int]:
     """This process's PIDs as NVML may report them: our own, plus the outer ones from NSpid
     where /proc shows them (NVML lists host PIDs; inside a PID namespace ours differ)."""
     pids = {os.getpid()}
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    pids.update(int(p) for p in line.split()[1:])
-    except OSError:
-        pass
+    pids.update(ns_pids("self"))
     return pids
 
 

@@ -12,11 +12,11 @@ import weakref
 
 import ipywidgets as widgets
 
-from . import frameworks as fws
-from . import inventory
-from .devices import SpecError, VisibleDevice, parse_spec
+from ..core import frameworks as fws
+from ..core import inventory
+from ..core.devices import SpecError, VisibleDevice, parse_spec
 from .render import gib
-from .sampler import Point, Sample, Sampler, process_sampler
+from ..core.sampler import Point, Sample, Sampler, process_sampler
 
 _open: "weakref.WeakSet[GpuMonitor]" = weakref.WeakSet()
 
@@ -209,7 +209,7 @@ def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -
     from IPython.display import display
 
     if isinstance(replay, str):
-        from .trace import Replay
+        from ..core.trace import Replay
 
         replay = Replay(replay)
     ip = get_ipython()

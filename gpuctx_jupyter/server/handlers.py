@@ -21,9 +21,12 @@ from tornado.ioloop import IOLoop
 from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
-from . import inventory, kernel_query, metrics, snapshot
+from ..core import inventory
+
+from . import kernel_query, metrics, snapshot
+from .kernel_client import kernel_pid
 from .config import GpuctxServer
-from .sampler import Sample, process_sampler
+from ..core.sampler import Sample, process_sampler
 
 AUTH_RESOURCE = "gpuctx"  # the GPU view; per-kernel routes use jupyter_server's "kernels"
 ACTIONS = {"interrupt": "interrupt_kernel", "restart": "restart_kernel", "shutdown": "shutdown_kernel"}
@@ -105,7 +108,7 @@ class KernelHandler(GpuctxHandler):
         kernel = self.kernel_or_404(kernel_id)
         answer = await kernel_query.ask(kernel, self.api.cfg.kernel_query_timeout)
         if answer.get("status") == "ok" and answer.get("pid"):
-            self.api.remember_pid(kernel_id, snapshot.local_pid(kernel), answer["pid"])
+            self.api.remember_pid(kernel_id, kernel_pid(kernel), answer["pid"])
         self.finish({"kernel_id": kernel_id, **answer})
 
 

@@ -15,15 +15,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from .devices import GpuProcess
+from ..core.devices import GpuProcess
+from ..core.procs import PROC, ns_pids, process_name
 
 try:
     import psutil
 except ImportError:  # psutil comes with ipykernel, but the server side must not depend on it
     psutil = None
-
-PROC = "/proc"
-
 
 @dataclass(frozen=True)
 class KernelInfo:
@@ -65,27 +63,6 @@ def proc_children(pid: int, proc: str = PROC) -> list[int]:
         except (OSError, ValueError):
             continue
     return children
-
-
-def ns_pids(pid: int, proc: str = PROC) -> list[int]:
-    """The PIDs of `pid` in every PID namespace /proc shows, outermost first (NSpid)."""
-    try:
-        with open(os.path.join(proc, str(pid), "status")) as fh:
-            for line in fh:
-                if line.startswith("NSpid:"):
-                    return [int(p) for p in line.split()[1:]]
-    except (OSError, ValueError):
-        pass
-    return []
-
-
-def process_name(pid: int, proc: str = PROC) -> str | None:
-    """The command name /proc shows for a PID, or None (another namespace, or already gone)."""
-    try:
-        with open(os.path.join(proc, str(pid), "comm")) as fh:
-            return fh.read().strip() or None
-    except OSError:
-        return None
 
 
 def kernel_pids(pid: int | None, reported: int | None, children: Callable[[int], Iterable[int]],

@@ -5,9 +5,10 @@ import multiprocessing
 import os
 from dataclasses import dataclass
 
-from . import frameworks as fws
-from . import nvml
-from .inventory import Inventory
+from ..core import frameworks as fws
+from ..core import nvml
+from ..core.devices import device_order_problem
+from ..core.inventory import Inventory
 from .render import Report, Section
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
@@ -83,8 +84,8 @@ def _torch_findings(inv: Inventory, warm=None) -> list[Finding]:
 
 
 def _visibility_findings(inv: Inventory) -> list[Finding]:
-    if inv.visibility is None:
-        return []
+    if inv.visibility is None or device_order_problem(os.environ.get("CUDA_DEVICE_ORDER")):
+        return []  # a bad CUDA_DEVICE_ORDER hides everything: _env_findings names it as the cause
     cvd = inv.visibility.cuda_visible_devices
     shown = ", ".join(f"cuda:{d.ordinal}=nvidia-smi {d.record.nvml_index}" for d in inv.devices) or "nothing"
     level = OK if inv.devices else WARN
@@ -126,10 +127,10 @@ def diagnose(inv: Inventory, warm=None) -> list[Finding]:
 
 
 def _env_findings() -> list[Finding]:
-    order = os.environ.get("CUDA_DEVICE_ORDER")
-    if order and order.upper() not in ("FASTEST_FIRST", "PCI_BUS_ID"):
-        return [Finding(WARN, "CUDA_DEVICE_ORDER", f"{order!r} is not a value CUDA knows",
-                        "use FASTEST_FIRST (the default) or PCI_BUS_ID")]
+    problem = device_order_problem(os.environ.get("CUDA_DEVICE_ORDER"))
+    if problem:
+        return [Finding(ERROR, "CUDA_DEVICE_ORDER", problem,
+                        "use FASTEST_FIRST (the default) or PCI_BUS_ID, spelled so, then restart the kernel")]
     return []
 
 

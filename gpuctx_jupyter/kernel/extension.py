@@ -5,20 +5,36 @@ import logging
 import os
 import sys
 
-from . import inventory, kernel_view
-from .devices import SpecError, parse_spec
+from ..contract import SESSION, WARM_SOURCE, notebook_wants_gpu, opted_out
+from ..core import inventory
+from ..core.devices import SpecError, parse_spec
+from . import kernel_view
 from .magics import GpuMagics
 from .switching import Choice
-from .warmup import GpuWarmup, notebook_wants_gpu, opted_out
+from .warmup import GpuWarmup
 
 _ATTR = "_gpuctx_magics"
 log = logging.getLogger("gpuctx")
+
+
+def _log_to_kernel_stderr() -> None:
+    """gpuctx's kernel-side messages go to the kernel's own stderr (the server's log), never into a
+    cell's output: ipykernel redirects sys.stderr into whichever cell is running. Set up here, on
+    load, so that importing a module of ours never changes logging in another process."""
+    if any(getattr(h, "_gpuctx", False) for h in log.handlers):
+        return
+    handler = logging.StreamHandler(sys.__stderr__)
+    handler.setFormatter(logging.Formatter("[gpuctx %(levelname)s] %(message)s"))
+    handler._gpuctx = True
+    log.addHandler(handler)
+    log.propagate = False
 
 
 def load(ip) -> GpuMagics:
     magics = getattr(ip, _ATTR, None)
     if magics is not None:
         return magics
+    _log_to_kernel_stderr()
     magics = GpuMagics(ip)
     ip.register_magics(magics)
     ip.events.register("pre_run_cell", magics.pre_run_cell)
@@ -39,9 +55,9 @@ def start_from_config(magics: GpuMagics, cfg: GpuWarmup) -> None:
         except SpecError as exc:
             log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
     policy = "never" if opted_out() else cfg.policy
-    source = os.environ.get("GPUCTX_WARM_SOURCE", "kernel config")
+    source = os.environ.get(WARM_SOURCE, "kernel config")
     if policy == "auto":
-        wanted, why = notebook_wants_gpu(os.environ.get("JPY_SESSION_NAME"))
+        wanted, why = notebook_wants_gpu(os.environ.get(SESSION))
         if not wanted:
             magics.warmer.status.detail = f"policy auto: {why}"
             return
@@ -59,8 +75,8 @@ def unload(ip) -> None:
     ip.events.unregister("post_run_cell", magics.post_run_cell)
     magics.import_hook.remove()
     kernel_view.unregister(ip)
-    if "gpuctx_jupyter.monitor" in sys.modules:
-        sys.modules["gpuctx_jupyter.monitor"].close_all()
+    if "gpuctx_jupyter.kernel.monitor" in sys.modules:
+        sys.modules["gpuctx_jupyter.kernel.monitor"].close_all()
     magics.switcher.use(None)  # hands torch's default device back if we had set it
     for kind, names in magics.magics.items():
         table = ip.magics_manager.magics[kind]

@@ -140,9 +140,8 @@ def resolve_visibility(records: Sequence[GpuRecord], env: Mapping[str, str]) -> 
     """
     value = env.get("CUDA_VISIBLE_DEVICES")
     raw_order = env.get("CUDA_DEVICE_ORDER")
-    if raw_order is not None and raw_order not in (FASTEST_FIRST, PCI_BUS_ID):
-        note = (f"CUDA_DEVICE_ORDER={raw_order!r} is neither FASTEST_FIRST nor PCI_BUS_ID (spelled "
-                "exactly so), so CUDA fails to start (CUDA_ERROR_INVALID_DEVICE): fix or unset it")
+    note = device_order_problem(raw_order)
+    if note:
         return Visibility((), value, FASTEST_FIRST, (note,))
     order = raw_order or FASTEST_FIRST
 
@@ -259,7 +258,7 @@ def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
     if not devices:
         raise SpecError("no GPU is visible")
     if key == "auto":
-        return min(devices, key=_auto_rank)
+        return most_free(devices)
 
     ordinal = re.fullmatch(r"(?:cuda:)?([0-9]+)|cuda", key)
     if ordinal:
@@ -295,9 +294,23 @@ def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
     return matches[0]
 
 
-def _auto_rank(device: VisibleDevice) -> tuple:
-    free = device.record.memory_free
-    return (free is None, -(free or 0), device.ordinal)
+def most_free(devices: Sequence[VisibleDevice]) -> VisibleDevice | None:
+    """The device with the most free memory (`auto`, least-used assignment): a device whose free
+    memory is unknown comes last, and a tie goes to the lowest ordinal. None for no device."""
+    def rank(device: VisibleDevice) -> tuple:
+        free = device.record.memory_free
+        return (free is None, -(free or 0), device.ordinal)
+
+    return min(devices, key=rank, default=None)
+
+
+def device_order_problem(value: str | None) -> str | None:
+    """Why a CUDA_DEVICE_ORDER value makes CUDA fail to start, or None when CUDA accepts it.
+    Only the exact spellings work: lower case or an empty value fail (measured with cuInit)."""
+    if value is None or value in (FASTEST_FIRST, PCI_BUS_ID):
+        return None
+    return (f"CUDA_DEVICE_ORDER={value!r} is neither FASTEST_FIRST nor PCI_BUS_ID (spelled "
+            "exactly so), so CUDA fails to start (CUDA_ERROR_INVALID_DEVICE): fix or unset it")
 
 
 def _listed(devices: Sequence[VisibleDevice]) -> str:

@@ -13,7 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from . import frameworks as fws
+from ..core import frameworks as fws
 
 WATCHED = {fw.module: fw for fw in fws.ALL}
 # JAX's and Numba's start-up touch every GPU and leave the thread on the last one they touched:

@@ -10,16 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from . import attribution
+from .kernel_client import kernel_pid
 from .attribution import KernelInfo
-from .devices import GpuRecord, SpecError, VisibleDevice, parse_spec
-from .inventory import Inventory
-
-
-def local_pid(kernel) -> int | None:
-    """The PID of a kernel this server launched (jupyter_client's LocalProvisioner); None for
-    one it did not (a gateway kernel) or one whose process is gone."""
-    process = getattr(getattr(kernel, "provisioner", None), "process", None)
-    return getattr(process, "pid", None)
+from ..core.devices import GpuRecord, SpecError, VisibleDevice, parse_spec
+from ..core.inventory import Inventory
 
 
 def session_paths(session_manager) -> dict[str, list[str]]:
@@ -54,7 +48,7 @@ def list_kernels(serverapp, reported: Mapping[str, tuple[int | None, int]]) -> l
             kernel = km.get_kernel(kernel_id)
         except KeyError:  # shut down meanwhile
             continue
-        pid = local_pid(kernel)
+        pid = kernel_pid(kernel)
         answered_as, own = reported.get(kernel_id, (None, None))
         kernels.append(KernelInfo(
             id=kernel_id,

@@ -6,7 +6,7 @@ import os
 from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
-from .warmup import DEFAULT_OPS, FRAMEWORKS, OPS
+from ..contract import DEFAULT_OPS, FRAMEWORKS, OPS
 
 
 class GpuctxServer(Configurable):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from . import frameworks as fws
+from ..contract import POOLED, REPLY, REQUEST
+from ..core import frameworks as fws
 
-REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
 
 
 def report(magics) -> dict:
@@ -35,7 +35,7 @@ def report(magics) -> dict:
         "memory": memory,
         "warmup": magics.warmer.status.as_dict(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "pooled": "GPUCTX_POOLED" in os.environ,  # handed out by the server's warm kernel pool
+        "pooled": POOLED in os.environ,  # handed out by the server's warm kernel pool
     }
 
 

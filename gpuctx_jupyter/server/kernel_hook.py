@@ -13,23 +13,26 @@ import inspect
 import itertools
 import os
 
-from . import inventory
+from .. import contract
+from ..contract import SESSION, WarmPlan, notebook_wants_gpu, opted_out
+from ..core import inventory
+from ..core.devices import most_free
+from . import kernel_client
 from .config import GpuctxServer
-from .warmup import notebook_wants_gpu, opted_out
+from .tasks import Background
 
 SOURCE = "server hook"
 
 
 class KernelHook:
-    def __init__(self, serverapp, cfg: GpuctxServer, log):
+    def __init__(self, serverapp, cfg: GpuctxServer, log, background: Background):
         self.km = serverapp.kernel_manager
         self.ksm = serverapp.kernel_spec_manager
         self.cfg, self.log = cfg, log
         self.gateway = bool(getattr(getattr(serverapp, "gateway_config", None), "gateway_enabled", False))
         self._start, self._restart = self.km.start_kernel, self.km.restart_kernel
         self._rr = itertools.count()
-        self._remote_plans: dict[str, dict] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self.background = background
         self.warmed: dict[str, dict] = {}  # kernel id -> the plan it was started with
 
     def install(self) -> None:
@@ -48,7 +51,8 @@ class KernelHook:
                 self.log.warning("gpuctx: not warming kernel %s: %s", name, exc)
         if plan and not self.gateway:
             kwargs["env"] = {**(kwargs.get("env") or os.environ), **plan}
-            if self.cfg.load_magics or plan.get("GPUCTX_WARM") not in ("never", "0") or plan.get("GPUCTX_DEVICE"):
+            wanted = WarmPlan.from_env(plan)
+            if self.cfg.load_magics or wanted.warms or wanted.device:
                 kwargs["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), "--ext=gpuctx"]
         kernel_id = await _maybe_await(self._start(*args, **kwargs))
         if plan:
@@ -76,22 +80,15 @@ class KernelHook:
         if not await self._is_ipykernel(kernel_name):
             return None
         base = env if env is not None else os.environ
-        policy = "0" if opted_out(base) else cfg.warm_policy  # the kernel reports "0" as an opt-out
+        policy = cfg.warm_policy
         if self.gateway and policy == "auto":  # the remote kernel cannot read our notebook: decide here
-            policy = "always" if notebook_wants_gpu(base.get("JPY_SESSION_NAME"))[0] else "never"
-        plan = {
-            "GPUCTX_WARM": policy,
-            "GPUCTX_WARM_SOURCE": SOURCE,
-            "GPUCTX_WARM_FRAMEWORKS": ",".join(cfg.warm_frameworks),
-            "GPUCTX_WARM_OPS": ",".join(cfg.warm_ops),
-        }
-        if cfg.warm_imports:
-            plan["GPUCTX_WARM_IMPORTS"] = ",".join(cfg.warm_imports)
+            policy = "always" if notebook_wants_gpu(base.get(SESSION))[0] else "never"
+        plan = WarmPlan(policy=policy, source=SOURCE, frameworks=list(cfg.warm_frameworks), ops=list(cfg.warm_ops),
+                        imports=list(cfg.warm_imports), opt_out=opted_out(base))
         device = await self._assign()
         if device is not None:
-            plan["GPUCTX_DEVICE"] = str(device)
-            plan["GPUCTX_DEVICE_SOURCE"] = f"the server ({cfg.assign_devices})"
-        return plan
+            plan.device, plan.device_source = str(device), f"the server ({cfg.assign_devices})"
+        return plan.to_env()
 
     async def _is_ipykernel(self, name: str) -> bool:
         try:
@@ -115,32 +112,24 @@ class KernelHook:
 
     # -- kernels behind a gateway ------------------------------------------------------------
     def _warm_remote(self, kernel_id: str, plan: dict) -> None:
-        task = asyncio.ensure_future(self._send_warm_request(kernel_id, plan))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.background.spawn(self._send_warm_request(kernel_id, plan), f"warming kernel {kernel_id}")
 
     async def _send_warm_request(self, kernel_id: str, plan: dict) -> None:
         code = (
             "import os as _gpuctx_os\n"
             f"_gpuctx_os.environ.update({plan!r})\n"
-            "from gpuctx_jupyter.extension import warm_from_env as _gpuctx_warm\n"
+            f"from {contract.WARM_ENTRY_MODULE} import {contract.WARM_ENTRY_FUNCTION} as _gpuctx_warm\n"
             "_gpuctx_warm(get_ipython())\n"
             "del _gpuctx_os, _gpuctx_warm\n"
         )
-        client = None
         try:
-            client = self.km.get_kernel(kernel_id).client()
-            await _maybe_await(client.start_channels())
-            msg_id = client.execute(code, silent=True, store_history=False)
-            reply = await asyncio.wait_for(_reply_for(client, msg_id), self.cfg.gateway_timeout)
-            if reply["content"].get("status") != "ok":
+            reply = await kernel_client.execute(self.km.get_kernel(kernel_id), code, self.cfg.gateway_timeout)
+            if reply.get("status") != "ok":
                 self.log.warning("gpuctx: kernel %s did not start its warm-up: %s: %s", kernel_id,
-                                 reply["content"].get("ename"), reply["content"].get("evalue"))
+                                 reply.get("ename"), reply.get("evalue"))
         except Exception as exc:  # a remote kernel that cannot warm still works
-            self.log.warning("gpuctx: could not ask kernel %s to warm up: %s", kernel_id, exc)
-        finally:
-            if client is not None:
-                client.stop_channels()
+            self.log.warning("gpuctx: could not ask kernel %s to warm up: %s: %s", kernel_id,
+                             type(exc).__name__, exc)
 
 
 def pick_device(devices, mode: str, turns) -> int | None:
@@ -151,14 +140,7 @@ def pick_device(devices, mode: str, turns) -> int | None:
         return None
     if mode == "round-robin":
         return healthy[next(turns) % len(healthy)].ordinal
-    return max(healthy, key=lambda d: (d.record.memory_free or 0, -d.ordinal)).ordinal
-
-
-async def _reply_for(client, msg_id: str) -> dict:
-    while True:
-        msg = await client.get_shell_msg()
-        if msg.get("parent_header", {}).get("msg_id") == msg_id:
-            return msg
+    return most_free(healthy).ordinal
 
 
 async def _maybe_await(value):

@@ -13,10 +13,14 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
-from . import doctor, hints, inventory
-from . import frameworks as fws
-from .warmup import DEFAULT_OPS, FRAMEWORKS, Warmer
-from .devices import SpecError, parse_spec
+from ..contract import DEFAULT_OPS, FRAMEWORKS, POOLED
+
+from ..core import inventory
+
+from . import doctor, hints
+from ..core import frameworks as fws
+from .warmup import Warmer
+from ..core.devices import SpecError, parse_spec
 from .render import Report, Section, gib, mib, pct, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
 
@@ -252,7 +256,7 @@ class GpuMagics(Magics):
             "CUDA started by: " + (", ".join(started) if started else "nothing yet (no CUDA context in this kernel)"),
             "warm-up: " + self.warmer.status.summary(),
         ]
-        pooled = os.environ.get("GPUCTX_POOLED")
+        pooled = os.environ.get(POOLED)
         if pooled:
             head.append(f"kernel: from gpuctx's warm pool (started and warmed {pooled} s before you asked for it)")
         reason = inv.no_gpu_reason()
@@ -375,7 +379,7 @@ class GpuMagics(Magics):
             raise UsageError(f"--history {args.history:g} must be at least the interval and at most 86400 s")
         replay = None
         if args.replay:
-            from .trace import Replay
+            from ..core.trace import Replay
 
             try:
                 replay = Replay(os.path.expanduser(args.replay))

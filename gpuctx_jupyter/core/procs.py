@@ -1,0 +1,33 @@
+"""What /proc says about a process: its PIDs in every PID namespace, and its command name.
+
+NVML lists GPU processes by host PID; inside a container a process knows itself by another. The
+NSpid line of /proc/<pid>/status gives both, so the kernel (recognising itself) and the server
+(recognising its kernels) read it through this one function.
+"""
+from __future__ import annotations
+
+import os
+
+PROC = "/proc"
+
+
+def ns_pids(pid: int | str, proc: str = PROC) -> list[int]:
+    """The PIDs of `pid` ("self" for this process) in every PID namespace /proc shows,
+    outermost first (NSpid); empty where /proc does not show it."""
+    try:
+        with open(os.path.join(proc, str(pid), "status")) as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(p) for p in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return []
+
+
+def process_name(pid: int, proc: str = PROC) -> str | None:
+    """The command name /proc shows for a PID, or None (another namespace, or already gone)."""
+    try:
+        with open(os.path.join(proc, str(pid), "comm")) as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None

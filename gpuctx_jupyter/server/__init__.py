@@ -1,0 +1,2 @@
+"""The jupyter_server side: settings, the GPU API, the kernel start/restart hook, the warm pool,
+kernel queries, attribution and metrics. Never imports the kernel side."""

@@ -1,0 +1,31 @@
+"""Asking one kernel what it is doing on the GPU, over its control channel.
+
+The control channel is served on its own thread in ipykernel, so a kernel busy in a cell still
+answers; the question goes through a client of our own (kernel_client.request), a ZMQ client for
+a local kernel and a websocket client for a kernel behind a gateway. Every outcome is a JSON
+answer, never an exception: a kernel that cannot answer is a state to show, not a server error.
+"""
+from __future__ import annotations
+
+from jupyter_core.utils import ensure_async
+
+from ..contract import REPLY, REQUEST
+from . import kernel_client
+
+
+async def ask(kernel, timeout: float) -> dict:
+    """`{"status": "ok", "pid": …, …}` as the kernel answers, or why there is no answer."""
+    if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
+        return {"status": "dead", "reason": "the kernel's process is not running: restart the kernel"}
+    try:
+        reply = await kernel_client.request(kernel, "control", REQUEST, {}, timeout)
+    except kernel_client.NoReply:
+        return {"status": "no-answer",
+                "reason": f"the kernel did not answer within {timeout:g} s: it may be busy in a C call, "
+                          "or gpuctx is not loaded in it (%load_ext gpuctx)"}
+    except Exception as exc:  # the kernel's connection is broken: say so, as an answer
+        return {"status": "error", "reason": f"could not reach the kernel: {type(exc).__name__}: {exc}"}
+    content = reply.get("content", {})
+    if reply.get("msg_type") != REPLY or content.get("status") != "ok":
+        return {"status": "error", "reason": content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"}
+    return content
