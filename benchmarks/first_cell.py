@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
-from tests.serverproc import Server  # noqa: E402
+from tests.harness.server import Server  # noqa: E402
 
 GPU_CELL = """import torch
 x = torch.randn(1024, 1024, device="cuda"); y = x @ x

@@ -25,8 +25,8 @@ from gpuctx_jupyter.core import inventory  # noqa: E402
 
 
 def ours(seconds: float, interval: float) -> dict:
-    from gpuctx_jupyter.kernel.monitor import GpuMonitor
     from gpuctx_jupyter.core.sampler import Sampler
+    from gpuctx_jupyter.kernel.monitor import GpuMonitor
 
     sampler = Sampler()
     costs = []

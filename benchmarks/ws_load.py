@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
-from tests.serverproc import Server  # noqa: E402
+from tests.harness.server import Server  # noqa: E402
 
 MAX_CLIENTS = 500  # bounded: this is a load check, not a stress test
 

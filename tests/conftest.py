@@ -1,24 +1,19 @@
-"""Shared fixtures: a real IPython shell, a real ipykernel, and the GPU marker's skip rule."""
+"""Fixtures over the real components of tests/harness/: an IPython shell with gpuctx loaded,
+jupyter_server subprocesses (plain, with the warm pool, behind a Kernel Gateway), one Chromium per
+browser-test module, NVML records for machines without a GPU, and the `gpu` marker's skip rule."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from gpuctx_jupyter.core import nvml
-from gpuctx_jupyter.core.devices import GpuProcess, GpuRecord
 
-
-
-def _gpu_reason() -> str | None:
-    try:
-        records = nvml.read_records()
-    except nvml.NvmlUnavailable as exc:
-        return str(exc)
-    return None if records else "NVML lists no GPU"
-
-
-NO_GPU = _gpu_reason()
+from .harness.gpus import NO_GPU
+from .harness.server import Server, free_port
 
 
 def pytest_collection_modifyitems(config, items):
@@ -42,27 +37,6 @@ def shell():
     ip.run_cell("pass")  # leave a clean last result
 
 
-GIB = 1024**3
-
-
-def h200(index: int, used_gib: float = 1.0, pids=(), bus: str | None = None, uuid: str | None = None) -> GpuRecord:
-    return GpuRecord(
-        nvml_index=index,
-        uuid=uuid or f"GPU-{index:08x}-aaaa-bbbb-cccc-{index:012x}",
-        name="NVIDIA H200",
-        pci_bus_id=bus or f"00000000:{0x18 + index * 0x20:02X}:00.0",
-        compute_capability=(9, 0),
-        memory_total=141 * GIB,
-        memory_used=int(used_gib * GIB),
-        utilization=10 * index,
-        temperature=30 + index,
-        power_w=100.0,
-        power_limit_w=700.0,
-        processes=tuple(GpuProcess(pid, GIB, "compute") for pid in pids),
-        persistence_mode=True,
-    )
-
-
 @pytest.fixture
 def nvml_records(monkeypatch):
     """Make NVML report the given records (NVML is the driver's library, not ours)."""
@@ -82,19 +56,55 @@ def clean_env(monkeypatch):
     return os.environ
 
 
-def kernel_config_env(tmp_path, policy: str = "always") -> dict:
-    """The environment of a kernel configured to warm by its own config (the VS Code / JupyterHub route)."""
-    profile = tmp_path / "ipython" / "profile_default"
-    profile.mkdir(parents=True, exist_ok=True)
-    (profile / "ipython_kernel_config.py").write_text(
-        f'c.IPKernelApp.extensions = ["gpuctx"]\nc.GpuWarmup.policy = "{policy}"\n')
-    return {"IPYTHONDIR": str(tmp_path / "ipython")}
+@pytest.fixture
+def server_factory(tmp_path):
+    """Start real jupyter_servers with gpuctx enabled (python3 as the default kernel); all are
+    stopped, and their kernels with them, when the test ends."""
+    servers = []
+
+    def make(*args, env=None):
+        srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
+                                     "--MappingKernelManager.default_kernel_name=python3", *args], env=env)
+        servers.append(srv.start())
+        return srv
+
+    yield make
+    for srv in servers:
+        srv.stop()
+
+
+@pytest.fixture
+def pool_server(server_factory):
+    """A server with a warm pool of one standby per kernelspec."""
+    return lambda *args, env=None: server_factory("--GpuctxServer.pool_size=1", *args, env=env)
+
+
+@pytest.fixture
+def kernel_gateway(tmp_path):
+    """A real Jupyter Kernel Gateway on a free port; its URL."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+                             f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+                             "--JupyterWebsocketPersonality.list_kernels=True"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    gw = Server(str(tmp_path))  # only for its api() helper
+    gw.port, gw.token = port, None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if gw.api("GET", "/api", token=None)[0] == 200:
+                break
+        except OSError:
+            time.sleep(0.2)
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(20)
 
 
 @pytest.fixture(scope="module")
 def browser():
-    """One headless Debian Chromium per browser-test module (tests/browser/lab.py)."""
-    from .browser.lab import Browser
+    """One headless Debian Chromium per browser-test module."""
+    from .harness.browser import Browser
 
     b = Browser()
     yield b

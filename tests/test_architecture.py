@@ -59,3 +59,16 @@ def test_loading_the_kernel_extension_sends_its_log_to_the_kernels_stderr(shell)
 
     handlers = [h for h in logging.getLogger("gpuctx").handlers if getattr(h, "_gpuctx", False)]
     assert len(handlers) == 1 and handlers[0].stream is sys.__stderr__
+
+
+def test_test_modules_import_the_harness_never_each_other():
+    import ast
+
+    offenders = []
+    for path in [*ROOT.glob("tests/test_*.py"), *ROOT.glob("benchmarks/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                name = ("." * node.level) + (node.module or "")
+                if name.startswith((".test_", ".conftest", "tests.test_", "tests.conftest")):
+                    offenders.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not offenders, offenders

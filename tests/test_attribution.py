@@ -9,11 +9,11 @@ import time
 
 import pytest
 
+from gpuctx_jupyter.core.devices import GpuProcess
 from gpuctx_jupyter.server import attribution
 from gpuctx_jupyter.server.attribution import KernelInfo, describe, kernel_pids, owners
-from gpuctx_jupyter.core.devices import GpuProcess
 
-from .conftest import GIB, h200
+from .harness.gpus import GIB, h200
 
 
 def no_children(pid):

@@ -5,16 +5,21 @@ machine look the same), and that the panel's buttons really act on a running ker
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
-from .browser.lab import (LAB_ARGS, browser_tests_mark, kernel_idle, notebook_json, open_notebook, open_panel,
-                          shoot)
-from .serverproc import Server
+from .harness.browser import (
+    LAB_ARGS,
+    browser_tests_mark,
+    kernel_idle,
+    notebook_json,
+    open_notebook,
+    open_panel,
+    screenshot,
+    shoot,
+)
+from .harness.server import Server
 
-REPO = Path(__file__).resolve().parent.parent
-IMG = REPO / "docs" / "img"
 
 pytestmark = browser_tests_mark()
 
@@ -56,7 +61,7 @@ def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
     # the stream is live, and the notebook section names the active notebook
     page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-connection').dataset.state === 'open'")
     assert "sleep.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
-    shoot(page, panel, IMG / "panel-nogpu.png")
+    shoot(page, panel, screenshot("panel-nogpu.png"))
     assert browser.errors == []
 
 

@@ -12,11 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from .browser.lab import LAB_ARGS, browser_tests_mark, notebook_json, open_notebook, open_panel, shoot
-from .serverproc import Server
+from .harness.browser import (
+    LAB_ARGS,
+    browser_tests_mark,
+    notebook_json,
+    open_notebook,
+    open_panel,
+    screenshot,
+    shoot,
+)
+from .harness.server import Server
 
 REPO = Path(__file__).resolve().parent.parent
-IMG = REPO / "docs" / "img"
 TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"
 BANNER = "Replay of a recorded trace — not live data"
 
@@ -78,7 +85,7 @@ def test_the_notebook_section_says_its_kernel_came_from_the_warm_pool(page, brow
                            ".textContent.includes('from the warm pool')", timeout=30_000)
     assert "Started" in rows.inner_text()
     assert "train.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
-    shoot(page, panel, IMG / "panel-light.png")
+    shoot(page, panel, screenshot("panel-light.png"))
     assert browser.errors == []
 
 
@@ -96,7 +103,7 @@ def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
     assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in text and "GPU memory" in text
     assert re.search(r"util \d+%", text) and "/ 700 W" in text
     page.wait_for_timeout(20_000)  # into the second busy phase: the plot shows busy, idle, busy
-    output.screenshot(path=str(IMG / "monitor.png"))
+    output.screenshot(path=str(screenshot("monitor.png")))
     assert browser.errors == []
 
 
@@ -112,7 +119,7 @@ def test_dark_theme(page, browser):
     banner = panel.locator(".jp-gpuctx-replay")
     fg, bg = banner.evaluate("n => [getComputedStyle(n).color, getComputedStyle(n).backgroundColor]")
     assert contrast(fg, bg) >= 4.5, (fg, bg)  # the replay warning stays readable (WCAG AA)
-    shoot(page, panel, IMG / "panel-dark.png")
+    shoot(page, panel, screenshot("panel-dark.png"))
     page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
     assert browser.errors == []
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpuctx_jupyter.core import inventory
 
-from .kernels import run, start, stop
+from .harness.kernels import run, start, stop
 
 pytestmark = pytest.mark.gpu
 

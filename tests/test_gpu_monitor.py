@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from .kernels import run, start, stop
+from .harness.kernels import run, start, stop
 
 pytestmark = pytest.mark.gpu
 

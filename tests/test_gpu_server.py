@@ -9,7 +9,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .serverproc import Server
+from .harness.server import Server
 
 pytestmark = pytest.mark.gpu
 GIB = 1024**3

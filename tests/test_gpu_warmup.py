@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from .conftest import kernel_config_env
-from .kernels import run, start, stop
-from .serverproc import Server
-from .test_server_hook import STATUS, status
+from .harness.kernels import run, start, stop
+from .harness.notebooks import STATUS, kernel_config_env
+from .harness.notebooks import warm_status as status
+from .harness.server import Server
 
 pytestmark = pytest.mark.gpu
 

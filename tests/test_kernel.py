@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .kernels import run, start, stop
+from .harness.kernels import run, start, stop
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from IPython.core.error import UsageError
 from gpuctx_jupyter.core.frameworks import Framework
 from gpuctx_jupyter.kernel.switching import PostImportHook
 
-from .conftest import h200
+from .harness.gpus import h200
 
 
 def gpu(shell, line=""):

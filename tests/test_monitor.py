@@ -10,12 +10,12 @@ import pytest
 
 from gpuctx_jupyter.core import inventory
 from gpuctx_jupyter.core.devices import resolve_visibility
-from gpuctx_jupyter.kernel.monitor import GpuMonitor, sparkline
 from gpuctx_jupyter.core.sampler import History, Point, Sample, Sampler
+from gpuctx_jupyter.kernel.monitor import GpuMonitor, sparkline
 
-from .conftest import h200
-from .kernels import run, start, stop
-
+from .harness.gpus import h200
+from .harness.kernels import run, start, stop
+from .harness.waiting import wait_for
 
 TRACE = os.path.join(os.path.dirname(__file__), "data", "h200-trace.jsonl")  # recorded on 2 × H200
 
@@ -27,15 +27,6 @@ def fake_read(records):
         inv.visibility = resolve_visibility(inv.records, {})
         return inv
     return read
-
-
-def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def sampler_threads():

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from .kernels import run, start, stop
+from .harness.kernels import run, start, stop
 
 pytestmark = pytest.mark.gpu
 

@@ -7,12 +7,11 @@ import signal
 import time
 
 import psutil
-import pytest
 
 from gpuctx_jupyter.server.pool import Standby, compatible
 
-from .serverproc import Server
-from .test_server_hook import notebook
+from .harness.notebooks import notebook
+from .harness.waiting import wait_for
 
 
 def kernel_pids(srv) -> set[int]:
@@ -29,32 +28,6 @@ def kernel_pids(srv) -> set[int]:
 
 def listed(srv) -> list[str]:
     return [k["id"] for k in srv.api("GET", "/api/kernels")[1]]
-
-
-def wait_for(cond, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out")
-
-
-@pytest.fixture
-def pool_server(tmp_path):
-    servers = []
-
-    def make(*args):
-        srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
-                                     "--MappingKernelManager.default_kernel_name=python3",
-                                     "--GpuctxServer.pool_size=1", *args]).start()
-        servers.append(srv)
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.stop()
 
 
 def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_path):

@@ -15,8 +15,8 @@ from tornado.httpclient import HTTPClientError
 from gpuctx_jupyter.core import nvml
 from gpuctx_jupyter.core.sampler import process_sampler
 
-from .conftest import GIB, h200
-from .test_server_hook import kernel_gateway, server_factory  # noqa: F401 (fixtures)
+from .harness.gpus import GIB, h200
+from .harness.waiting import wait_until
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -80,15 +80,6 @@ async def scrape(jp_fetch, name: str) -> list[tuple[dict, float]]:
     text = (await jp_fetch("metrics")).body.decode()
     return [(s.labels, s.value) for family in text_string_to_metric_families(text)
             for s in family.samples if s.name == name]
-
-
-async def wait_until(predicate, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
 
 
 # -- no GPU here: every endpoint answers, and says why -------------------------------------------

@@ -4,48 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 
-import pytest
-
-from .conftest import kernel_config_env
-from .kernels import run as kernel_run
-from .kernels import start as kernel_start
-from .kernels import stop as kernel_stop
-from .serverproc import Server, free_port
+from .harness.kernels import run as kernel_run
+from .harness.kernels import start as kernel_start
+from .harness.kernels import stop as kernel_stop
+from .harness.notebooks import STATUS, kernel_config_env, notebook
+from .harness.notebooks import warm_status as status
 
 HERE = os.path.dirname(__file__)
-STATUS = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait({wait})\n"
-          "print(json.dumps(dict(m.warmer.status.as_dict(), pid=__import__('os').getpid())))")
-
-
-def status(ks, wait: float = 60) -> dict:
-    r = ks.execute(STATUS.format(wait=wait))
-    assert r.reply["status"] == "ok", r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def notebook(path, code: str, metadata: dict | None = None) -> None:
-    nb = {"cells": [{"cell_type": "code", "source": code, "metadata": {}, "outputs": [], "execution_count": None}],
-          "metadata": metadata or {}, "nbformat": 4, "nbformat_minor": 5}
-    path.write_text(json.dumps(nb))
-
-
-@pytest.fixture
-def server_factory(tmp_path):
-    servers = []
-
-    def make(*args, env=None):
-        srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
-                                     "--MappingKernelManager.default_kernel_name=python3", *args], env=env)
-        servers.append(srv.start())
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.stop()
 
 
 def test_hook_warms_on_start_and_on_restart(server_factory):
@@ -141,27 +108,6 @@ def test_kernel_config_alone_turns_warming_on(tmp_path):
         kernel_stop(km, kc)
 
 
-@pytest.fixture
-def kernel_gateway(tmp_path):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
-                             f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-                             "--JupyterWebsocketPersonality.list_kernels=True"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    gw = Server(str(tmp_path))  # only for its api() helper
-    gw.port, gw.token = port, None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if gw.api("GET", "/api", token=None)[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(20)
-
-
 def test_kernels_behind_a_gateway_are_warmed_on_start_and_restart(server_factory, kernel_gateway):
     srv = server_factory("--GpuctxServer.warm_policy=always", f"--GatewayClient.url={kernel_gateway}")
     kid = srv.start_kernel()
@@ -194,7 +140,7 @@ def test_device_assignment_policies():
     from gpuctx_jupyter.core.devices import VisibleDevice
     from gpuctx_jupyter.server.kernel_hook import pick_device
 
-    from .conftest import h200
+    from .harness.gpus import h200
 
     devs = [VisibleDevice(0, h200(0, used_gib=50)), VisibleDevice(1, h200(1, used_gib=5)),
             VisibleDevice(2, h200(2, used_gib=5))]

@@ -7,7 +7,7 @@ import pytest
 
 from gpuctx_jupyter.core import trace
 
-from .conftest import NO_GPU, h200
+from .harness.gpus import NO_GPU, h200
 
 
 def write_trace(path, samples, interval=1.0):
@@ -58,7 +58,7 @@ def test_recording_without_a_gpu_says_why(tmp_path, capsys):
 
 
 def test_a_server_replaying_a_trace_says_so_in_every_snapshot(tmp_path):
-    from .serverproc import Server
+    from .harness.server import Server
 
     path = tmp_path / "trace.jsonl"
     write_trace(path, [(0.0, [h200(0, used_gib=3), h200(1, used_gib=9)])])

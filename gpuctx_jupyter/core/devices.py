@@ -244,25 +244,55 @@ def _count(n: int) -> str:
 
 
 _SPEC_HELP = "use an ordinal like 1, cuda:1, a GPU UUID, a name fragment or auto"
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A device spec as typed, read without looking at any device: what kind of name it is."""
+
+    kind: str  # "ordinal", "uuid", "name" or "auto"
+    text: str  # stripped, as typed
+    ordinal: int | None = None  # for kind "ordinal"
+
+
+def read_spec(spec: str) -> Spec:
+    """The syntax of a device spec, the same for every magic and for the server: `auto`, a CUDA
+    ordinal (`1`, `cuda:1`, `cuda` meaning 0; ASCII digits only, so `١` or `²` is no ordinal),
+    a GPU-/MIG- UUID or prefix, or a name fragment (it has a letter). SpecError otherwise."""
+    text = spec.strip()
+    key = text.lower()
+    if key == "auto":
+        return Spec("auto", text)
+    ordinal = re.fullmatch(r"(?:cuda:)?([0-9]+)|cuda", key, flags=re.ASCII)
+    if ordinal:
+        return Spec("ordinal", text, int(ordinal.group(1) or 0))
+    if key.startswith(("gpu-", "mig-")):
+        return Spec("uuid", text)
+    if key.startswith("cuda") or not re.search(r"[a-z]", key):
+        if any(ch.isdigit() and ch not in _ASCII_DIGITS for ch in text):
+            raise SpecError(f"{text!r} is not a device spec: write ordinals with the digits 0-9 "
+                            "(1, cuda:1), or give a GPU UUID, a name fragment or auto")
+        raise SpecError(f"{text!r} is not a device spec: {_SPEC_HELP}")
+    return Spec("name", text)
 
 
 def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
     """The visible device that a user's spec (`%gpu use …`, `%%on_gpu …`) names.
 
-    Accepts a CUDA ordinal (`1`, `cuda:1`, `cuda` meaning 0), a GPU-/MIG- UUID or unique prefix,
-    a fragment of exactly one device's name (`h200`), or `auto`: the most free memory, ties to the
+    Accepts what `read_spec` reads: a CUDA ordinal, a GPU-/MIG- UUID or unique prefix, a
+    fragment of exactly one device's name (`h200`), or `auto`: the most free memory, ties to the
     lowest ordinal. Ordinals, not NVML indices, because they are what the user's framework uses.
     """
-    text = spec.strip()
-    key = text.lower()
     if not devices:
         raise SpecError("no GPU is visible")
-    if key == "auto":
+    parsed = read_spec(spec)
+    text, key = parsed.text, parsed.text.lower()
+    if parsed.kind == "auto":
         return most_free(devices)
 
-    ordinal = re.fullmatch(r"(?:cuda:)?([0-9]+)|cuda", key)
-    if ordinal:
-        wanted = int(ordinal.group(1) or 0)
+    if parsed.kind == "ordinal":
+        wanted = parsed.ordinal
         for device in devices:
             if device.ordinal == wanted:
                 return device
@@ -271,7 +301,7 @@ def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
             "(use one of those ordinals, or `%gpu list`)"
         )
 
-    if key.startswith(("gpu-", "mig-")):
+    if parsed.kind == "uuid":
         matches = [d for d in devices if d.record.uuid.lower().startswith(key)]
         if len(matches) > 1:
             raise SpecError(
@@ -283,8 +313,6 @@ def parse_spec(spec: str, devices: Sequence[VisibleDevice]) -> VisibleDevice:
             raise SpecError(f"{text!r} matches no visible GPU (visible: {listing})")
         return matches[0]
 
-    if key.startswith("cuda") or not re.search(r"[a-z]", key):
-        raise SpecError(f"{text!r} is not a device spec: {_SPEC_HELP}")
     matches = [d for d in devices if key in d.record.name.lower()]
     if len(matches) > 1:
         raise SpecError(f"{text!r} matches {len(matches)} GPUs ({_listed(matches)}): give an ordinal or a UUID")

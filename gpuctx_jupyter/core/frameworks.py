@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -283,3 +283,44 @@ BY_NAME = {fw.name: fw for fw in ALL}
 
 def loaded() -> list[Framework]:
     return [fw for fw in ALL if fw.loaded()]
+
+
+@dataclass(frozen=True)
+class AllocatorFigures:
+    """One framework's allocator on one device, in bytes; `peak` is None where it keeps none."""
+
+    framework: str
+    ordinal: int
+    allocated: int
+    reserved: int
+    peak: int | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def allocator_figures(ordinal: int | None = None) -> list[AllocatorFigures]:
+    """This process's allocator memory, per framework and device: torch on every device once it
+    has started CUDA, CuPy on its current device (another device would need a context there).
+    `ordinal` limits the answer to one device. Never imports a framework nor starts CUDA, so
+    the magics, the control-channel answer and the monitor's sampler thread can all ask; a
+    framework that fails to answer (a lost GPU) is left out rather than raising."""
+    out: list[AllocatorFigures] = []
+    if TORCH.loaded() and TORCH.initialized():
+        try:
+            count = TORCH.device_count() or 0
+            for i in range(count) if ordinal is None else [ordinal] if 0 <= ordinal < count else []:
+                m = TORCH.memory(i)
+                if m is not None:
+                    out.append(AllocatorFigures("torch", i, m.allocated, m.reserved, m.peak))
+        except Exception:  # noqa: BLE001 — a figure we cannot read is one we do not show
+            pass
+    if CUPY.loaded() and CUPY.gpu_reason() is None:
+        try:
+            current = CUPY.current()
+            m = CUPY.memory(current) if current is not None and ordinal in (None, current) else None
+            if m is not None:
+                out.append(AllocatorFigures("cupy", current, m.allocated, m.reserved, m.peak))
+        except Exception:  # noqa: BLE001
+            pass
+    return out

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from . import frameworks as fws
 from . import nvml
+from .devices import GpuRecord, Visibility, VisibleDevice, resolve_visibility
 from .procs import ns_pids
-from .devices import GpuRecord, VisibleDevice, Visibility, resolve_visibility
 
 
 @dataclass

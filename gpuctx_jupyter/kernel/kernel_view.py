@@ -12,7 +12,6 @@ from ..contract import POOLED, REPLY, REQUEST
 from ..core import frameworks as fws
 
 
-
 def report(magics) -> dict:
     choice = magics.switcher.choice
     torch = fws.TORCH

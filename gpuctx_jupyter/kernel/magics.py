@@ -14,15 +14,13 @@ from IPython.core.magic_arguments import MagicArgumentParser
 from IPython.display import display
 
 from ..contract import DEFAULT_OPS, FRAMEWORKS, POOLED
-
-from ..core import inventory
-
-from . import doctor, hints
 from ..core import frameworks as fws
-from .warmup import Warmer
+from ..core import inventory
 from ..core.devices import SpecError, parse_spec
+from . import doctor, hints
 from .render import Report, Section, gib, mib, pct, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
+from .warmup import Warmer
 
 SUBCOMMANDS = ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "help")
 

@@ -15,8 +15,8 @@ import ipywidgets as widgets
 from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, VisibleDevice, parse_spec
-from .render import gib
 from ..core.sampler import Point, Sample, Sampler, process_sampler
+from .render import gib
 
 _open: "weakref.WeakSet[GpuMonitor]" = weakref.WeakSet()
 

@@ -22,11 +22,10 @@ from tornado.iostream import StreamClosedError
 from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from ..core import inventory
-
-from . import kernel_query, metrics, snapshot
-from .kernel_client import kernel_pid
-from .config import GpuctxServer
 from ..core.sampler import Sample, process_sampler
+from . import kernel_query, metrics, snapshot
+from .config import GpuctxServer
+from .kernel_client import kernel_pid
 
 AUTH_RESOURCE = "gpuctx"  # the GPU view; per-kernel routes use jupyter_server's "kernels"
 ACTIONS = {"interrupt": "interrupt_kernel", "restart": "restart_kernel", "shutdown": "shutdown_kernel"}

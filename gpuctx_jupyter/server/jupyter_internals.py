@@ -26,7 +26,9 @@ _RELIED_ON = {
 
 def missing() -> list[str]:
     """The names gpuctx relies on that this jupyter_server no longer has (empty: all there)."""
-    from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+    from jupyter_server.services.kernels.connection.channels import (
+        ZMQChannelsWebsocketConnection,
+    )
     from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
     classes = {"MappingKernelManager": MappingKernelManager,
@@ -78,7 +80,9 @@ def unregister(mkm, kernel_id: str, previous=None) -> None:
 
 def open_connections(km) -> list:
     """The websocket connections open on kernel manager `km`."""
-    from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection
+    from jupyter_server.services.kernels.connection.channels import (
+        ZMQChannelsWebsocketConnection,
+    )
 
     return [c for c in list(ZMQChannelsWebsocketConnection._open_sockets) if c.parent is km]
 

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 
 from jupyter_server.utils import ensure_async
 
-from ..contract import POOLED, SESSION, WarmPlan, notebook_wants_gpu, opted_out, plan_vars
+from ..contract import (
+    POOLED,
+    SESSION,
+    WarmPlan,
+    notebook_wants_gpu,
+    opted_out,
+    plan_vars,
+)
 from . import jupyter_internals as internals
 from . import kernel_client
 from .tasks import Background

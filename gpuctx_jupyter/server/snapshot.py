@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from . import attribution
-from .kernel_client import kernel_pid
-from .attribution import KernelInfo
 from ..core.devices import GpuRecord, SpecError, VisibleDevice, parse_spec
 from ..core.inventory import Inventory
+from . import attribution
+from .attribution import KernelInfo
+from .kernel_client import kernel_pid
 
 
 def session_paths(session_manager) -> dict[str, list[str]]:

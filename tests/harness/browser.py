@@ -8,6 +8,12 @@ import tempfile
 from pathlib import Path
 
 CHROMIUM = os.environ.get("GPUCTX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[2]
+# Screenshots go to a git-ignored folder, so `make test` leaves the tree clean; `make screenshots`
+# points this at docs/img to refresh the README's pictures on purpose.
+SCREENSHOTS = Path(os.environ.get("GPUCTX_SCREENSHOTS") or REPO / "build" / "screenshots")
+if not SCREENSHOTS.is_absolute():
+    SCREENSHOTS = REPO / SCREENSHOTS
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -91,6 +97,13 @@ def kernel_idle(page, timeout: float = 60_000) -> None:
         "() => { const a = window.jupyterapp; const nb = a && a.shell.currentWidget;"
         " const k = nb && nb.sessionContext && nb.sessionContext.session && nb.sessionContext.session.kernel;"
         " return !!k && k.status === 'idle'; }", timeout=timeout)
+
+
+def screenshot(name: str) -> Path:
+    """Where the screenshot `name` goes (the folder is made): build/screenshots/ unless
+    GPUCTX_SCREENSHOTS says otherwise."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS / name
 
 
 def shoot(page, panel, path: Path) -> None:
