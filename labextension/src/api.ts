@@ -2,7 +2,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IKernelView, ISnapshot, KernelAction } from './types';
+import { IKernelView, ISnapshot } from './types';
 
 const API = 'gpuctx/api';
 
@@ -24,12 +24,17 @@ export function fetchKernelView(settings: ServerConnection.ISettings, kernelId: 
   return request<IKernelView>(settings, `kernels/${encodeURIComponent(kernelId)}`);
 }
 
+/**
+ * `api` is the action's route segment from actions.ts's table. A failure throws
+ * `ServerConnection.ResponseError` (the server answered: `.response.status`, `.message`) or
+ * `ServerConnection.NetworkError` (it did not).
+ */
 export function kernelAction(
   settings: ServerConnection.ISettings,
   kernelId: string,
-  action: KernelAction
+  api: string
 ): Promise<{ status: string }> {
-  return request(settings, `kernels/${encodeURIComponent(kernelId)}/${action}`, { method: 'POST' });
+  return request(settings, `kernels/${encodeURIComponent(kernelId)}/${encodeURIComponent(api)}`, { method: 'POST' });
 }
 
 /**

@@ -1,7 +1,8 @@
 /**
  * When to try the stream again after it dropped (the server restarted, the network blinked):
- * exponential back-off with a ceiling, and a little jitter so that many open tabs do not all
- * knock at the same instant.
+ * exponential back-off with a low ceiling, so that the panel is live again within a few seconds
+ * of the server's return (a reconnect attempt is one cheap websocket handshake), and a little
+ * jitter so that many open tabs do not all knock at the same instant.
  */
 
 export interface IBackoffOptions {
@@ -15,7 +16,8 @@ export interface IBackoffOptions {
   jitter: number;
 }
 
-export const DEFAULT_BACKOFF: IBackoffOptions = { initial: 500, factor: 2, max: 30000, jitter: 0.2 };
+/** 0.5, 1, 2, 4 s, then every 5 s. */
+export const DEFAULT_BACKOFF: IBackoffOptions = { initial: 500, factor: 2, max: 5000, jitter: 0.2 };
 
 /** Milliseconds to wait before reconnect attempt `attempt` (0 = the first retry). */
 export function backoffDelay(

@@ -1,69 +1,140 @@
-/** Number formatting shared by the panel and the status bar: short, fixed units, no surprises. */
+/**
+ * One formatter per unit, shared by everything in the frontend (panel, charts, status bar), so
+ * that a figure reads the same wherever it appears.
+ *
+ * The rules (the Python monitor follows the same ones, so a notebook and the panel agree):
+ *
+ * - **Precision** of a measured quantity with a fractional part (GiB, MiB, seconds): about three
+ *   significant figures — a value below 10 gets two decimals, below 100 one decimal, otherwise
+ *   none: `5.70 GiB`, `12.1 GiB`, `140 GiB`, `0.42 s`, `3.91 s`, `12.5 s`. The decision is made on
+ *   the rounded value, so 9.996 is `10.0`, not `10.00`.
+ * - **Bytes** are binary: GiB from 1 GiB up, MiB below (`630 MiB`, `0.50 MiB`); exactly zero is
+ *   `0 MiB`. A value that rounds up to 1024 of a unit is written in the next one (`1.00 GiB`).
+ *   The status bar's short form drops the space and the "iB": `12.1G`, `630M`.
+ * - **Integers** for percentages (`37%`, no space, as nvidia-smi writes it), temperatures
+ *   (`39 °C`, with a space) and watts (`534 / 700 W`).
+ * - **Unknown** is an en dash, `–`, never `NaN` or `null`.
+ * - **Clock times** are the browser's local time, `hh:mm:ss` on a 24-hour clock.
+ */
 
-const GIB = 1024 ** 3;
-const MIB = 1024 ** 2;
+export const MIB = 1024 ** 2;
+export const GIB = 1024 ** 3;
+
+/** The dash that stands for an unknown value. */
+export const UNKNOWN = '–';
 
 function isNum(v: number | null | undefined): v is number {
   return typeof v === 'number' && Number.isFinite(v);
 }
 
-function scaled(bytes: number | null | undefined, gib: string, mib: string): string {
-  if (!isNum(bytes)) {
-    return '–';
+/** A number with the precision rule above: two decimals below 10, one below 100, else none. */
+export function formatNumber(value: number): string {
+  const abs = Math.abs(value);
+  let decimals = abs < 10 ? 2 : abs < 100 ? 1 : 0;
+  let text = value.toFixed(decimals);
+  // 9.996 rounds to "10.00": one decimal fewer, as if the value had been 10 to begin with.
+  while (decimals > 0 && Math.abs(Number(text)) >= (decimals === 2 ? 10 : 100)) {
+    decimals--;
+    text = value.toFixed(decimals);
   }
-  if (Math.abs(bytes) >= GIB) {
-    return `${(bytes / GIB).toFixed(1)}${gib}`;
-  }
-  return `${Math.round(bytes / MIB)}${mib}`;
+  return text;
 }
 
-/** "12.1 GiB", "630 MiB"; "–" when unknown. */
+/** The number's text and its unit, the unit chosen on the rounded value. */
+function bytesParts(bytes: number): [string, 'GiB' | 'MiB'] {
+  if (bytes === 0) {
+    return ['0', 'MiB'];
+  }
+  if (Math.abs(bytes) >= GIB) {
+    return [formatNumber(bytes / GIB), 'GiB'];
+  }
+  const mib = formatNumber(bytes / MIB);
+  if (Math.abs(Number(mib)) >= 1024) {
+    return [formatNumber(bytes / GIB), 'GiB'];
+  }
+  return [mib, 'MiB'];
+}
+
+/** "12.1 GiB", "630 MiB", "5.70 GiB"; "–" when unknown. */
 export function formatBytes(bytes: number | null | undefined): string {
-  return scaled(bytes, ' GiB', ' MiB');
+  if (!isNum(bytes)) {
+    return UNKNOWN;
+  }
+  const [n, unit] = bytesParts(bytes);
+  return `${n} ${unit}`;
 }
 
 /** The status bar's few characters: "12.1G", "630M". */
 export function formatBytesShort(bytes: number | null | undefined): string {
-  return scaled(bytes, 'G', 'M');
+  if (!isNum(bytes)) {
+    return UNKNOWN;
+  }
+  const [n, unit] = bytesParts(bytes);
+  return `${n}${unit[0]}`;
 }
 
-/** "used / total" in GiB with one decimal, the way nvidia-smi users read it. */
+/** "used / total", each with its own unit: "5.70 GiB / 140 GiB", "630 MiB / 140 GiB". */
 export function formatMemory(used: number | null | undefined, total: number | null | undefined): string {
   if (!isNum(used) && !isNum(total)) {
-    return '–';
+    return UNKNOWN;
   }
   return `${formatBytes(used)} / ${formatBytes(total)}`;
 }
 
+/** "37%". */
 export function formatPercent(value: number | null | undefined): string {
-  return isNum(value) ? `${Math.round(value)}%` : '–';
+  return isNum(value) ? `${Math.round(value)}%` : UNKNOWN;
 }
 
+/** "39 °C". */
 export function formatTemperature(celsius: number | null | undefined): string {
-  return isNum(celsius) ? `${Math.round(celsius)} °C` : '–';
+  return isNum(celsius) ? `${Math.round(celsius)} °C` : UNKNOWN;
 }
 
+/** "534 / 700 W", or "534 W" without a limit. */
 export function formatPower(watts: number | null | undefined, limit: number | null | undefined): string {
   if (!isNum(watts)) {
-    return '–';
+    return UNKNOWN;
   }
   return isNum(limit) ? `${Math.round(watts)} / ${Math.round(limit)} W` : `${Math.round(watts)} W`;
 }
 
-/** Seconds as "0.42 s" or "3.1 s". */
+/** "0.42 s", "3.91 s", "12.5 s". */
 export function formatSeconds(seconds: number | null | undefined): string {
-  if (!isNum(seconds)) {
-    return '–';
-  }
-  return seconds < 1 ? `${seconds.toFixed(2)} s` : `${seconds.toFixed(1)} s`;
+  return isNum(seconds) ? `${formatNumber(seconds)} s` : UNKNOWN;
 }
 
-/** "2 min", "90 s": the length of the history a sparkline covers. */
+/** "2 min", "90 s", "1 h": the length of the history a chart covers. */
 export function formatSpan(seconds: number): string {
+  if (seconds >= 3600 && seconds % 3600 === 0) {
+    return `${seconds / 3600} h`;
+  }
   if (seconds >= 120 && seconds % 60 === 0) {
     return `${seconds / 60} min`;
   }
   return `${Math.round(seconds)} s`;
+}
+
+/**
+ * A chart's time axis, relative to the newest sample: "now", "−30 s", "−1 min", "−1.5 min".
+ * A true minus sign (U+2212), which does not break a line and reads as "minus".
+ */
+export function formatAgo(seconds: number): string {
+  const s = Math.abs(seconds);
+  if (s < 0.5) {
+    return 'now';
+  }
+  if (s >= 60 && s % 30 === 0) {
+    return `−${Number((s / 60).toFixed(1))} min`;
+  }
+  return `−${Math.round(s)} s`;
+}
+
+/** Local wall-clock time "14:03:21" of a moment in milliseconds since the epoch. */
+export function formatClock(ms: number): string {
+  const d = new Date(ms);
+  const two = (n: number) => String(n).padStart(2, '0');
+  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
 }
 
 /** Memory used as a fraction 0..1 of the total; null when either is unknown. */

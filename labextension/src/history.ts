@@ -1,7 +1,8 @@
 /**
- * The last minutes of utilisation and memory per GPU, for the sparklines: a fixed-size ring
- * buffer per device, sized from the history length and the refresh rate.
+ * The last minutes of utilisation and memory per GPU, for the charts: a fixed-size ring buffer
+ * per device (keyed by `deviceKey`), sized from the history length and the refresh rate.
  */
+import { deviceKey, ISnapshot } from './types';
 
 export class RingBuffer<T> {
   private _items: (T | undefined)[];
@@ -57,11 +58,16 @@ export class RingBuffer<T> {
   }
 }
 
-/** One sample of one GPU: time in seconds, utilisation 0..100, memory used 0..1. */
+/** One sample of one GPU: time in seconds since the epoch, utilisation 0..100, memory in bytes. */
 export interface IHistoryPoint {
   t: number;
   utilization: number | null;
-  memory: number | null;
+  memoryUsed: number | null;
+  memoryTotal: number | null;
+}
+
+function numOrNull(v: number | null | undefined): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
 }
 
 /** Samples to keep for `historySeconds` at one sample every `intervalSeconds` (at most 3600). */
@@ -100,6 +106,20 @@ export class DeviceHistory {
       return; // the same sample twice (REST answer and stream), or one out of order
     }
     buffer.push(point);
+  }
+
+  /** Every GPU of a snapshot, and forget the GPUs it no longer lists. */
+  addSnapshot(snapshot: ISnapshot): void {
+    const devices = snapshot.devices ?? [];
+    for (const d of devices) {
+      this.add(deviceKey(d), {
+        t: snapshot.time,
+        utilization: numOrNull(d.utilization),
+        memoryUsed: numOrNull(d.memory_used),
+        memoryTotal: numOrNull(d.memory_total)
+      });
+    }
+    this.retain(devices.map(deviceKey));
   }
 
   points(key: string): IHistoryPoint[] {

@@ -1,42 +1,34 @@
 /**
- * The "GPUs" sidebar panel: the active notebook's own GPU view with its kernel's actions, then
- * one card per GPU with a sparkline of the last minutes and the processes on it.
+ * The "GPUs" sidebar panel: the no-GPU reason first when there is one, the active notebook's
+ * own GPU view with its kernel's actions, then one card per GPU (meters, a chart of the last
+ * minutes, the processes on it) — or, with many GPUs, one compact row per GPU.
  *
  * Plain DOM, updated in place: a card is built once per GPU and only its numbers change on
- * each tick, so a button that has keyboard focus keeps it while the data streams in.
+ * each tick, so a button that has keyboard focus keeps it while the data streams in, and a
+ * screen reader is not handed the same banner again every second.
  */
 import { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { formatSpan } from './format';
+import { actionWording, KERNEL_ACTIONS } from './actions';
+import { HistoryChart } from './chart';
+import { IActionRequest, IHealth, INotebookRef } from './controller';
+import { formatClock, formatPercent, formatSpan } from './format';
 import { DeviceHistory } from './history';
-import { IDeviceView, IKernelRow, IPanelView, IProcessView, kernelRows, panelView, REPLAY_BANNER } from './model';
-import { createSparkline, updateSparkline } from './sparkline';
-import { StreamState } from './stream';
-import { IKernelView, ISnapshot, KernelAction } from './types';
-
-/** The notebook the user is looking at, and its kernel. */
-export interface INotebookInfo {
-  name: string;
-  path: string;
-  kernelId: string | null;
-  kernelName: string | null;
-  kernelStatus: string | null;
-}
-
-export interface IActionRequest {
-  kernelId: string;
-  action: KernelAction;
-  /** What the confirmation names: the notebook or process. */
-  label: string;
-}
-
-const ACTIONS: { action: KernelAction; text: string; verb: string }[] = [
-  { action: 'interrupt', text: 'Interrupt', verb: 'Interrupt' },
-  { action: 'restart', text: 'Restart', verb: 'Restart' },
-  { action: 'shutdown', text: 'Shut down', verb: 'Shut down' }
-];
+import {
+  IDeviceView,
+  IKernelRow,
+  IPanelView,
+  IProcessView,
+  kernelRows,
+  OUTAGE_TEXT,
+  panelView,
+  REPLAY_BANNER,
+  warnFraction
+} from './model';
+import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
+import { IKernelView, ISnapshot } from './types';
 
 function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
@@ -49,28 +41,80 @@ function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: 
   return node;
 }
 
+/** Set a node's text only when it changed (no needless DOM mutations, no repeated announcements). */
+function setText(node: Node, text: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text;
+  }
+}
+
+function setAttr(node: Element, name: string, value: string): void {
+  if (node.getAttribute(name) !== value) {
+    node.setAttribute(name, value);
+  }
+}
+
 let uid = 0;
+
+/** A labelled bar: the label and value on one line, the bar across the full width under them. */
+interface IMeter {
+  root: HTMLElement;
+  bar: HTMLElement;
+  fill: HTMLElement;
+  value: HTMLElement;
+}
+
+function createMeter(kind: 'utilization' | 'memory', label: string): IMeter {
+  const root = el('div', `jp-gpuctx-meter jp-gpuctx-meter-${kind}`);
+  root.dataset.gpuctxMeter = kind;
+  const head = el('div', 'jp-gpuctx-meter-head');
+  const value = el('span', 'jp-gpuctx-meter-value');
+  head.append(el('span', 'jp-gpuctx-meter-label', label), value);
+  const bar = el('div', 'jp-gpuctx-meter-bar');
+  bar.setAttribute('role', 'meter');
+  bar.setAttribute('aria-valuemin', '0');
+  bar.setAttribute('aria-valuemax', '100');
+  bar.setAttribute('aria-label', label);
+  const fill = el('div', 'jp-gpuctx-meter-fill');
+  bar.appendChild(fill);
+  root.append(head, bar);
+  return { root, bar, fill, value };
+}
+
+/** `fraction` 0..1 (null: unknown, drawn empty); `valueText` is shown and spoken. */
+function updateMeter(meter: IMeter, fraction: number | null, valueText: string, spoken: string, warn = false): void {
+  const percent = Math.min(100, Math.max(0, (fraction ?? 0) * 100));
+  const width = `${percent}%`;
+  if (meter.fill.style.width !== width) {
+    meter.fill.style.width = width;
+  }
+  setAttr(meter.bar, 'aria-valuenow', String(Math.round(percent)));
+  setAttr(meter.bar, 'aria-valuetext', spoken);
+  setText(meter.value, valueText);
+  meter.root.classList.toggle('jp-gpuctx-mod-warn', warn);
+}
 
 interface ICard {
   root: HTMLElement;
   title: HTMLElement;
   subtitle: HTMLElement;
   error: HTMLElement;
-  utilBar: HTMLElement;
-  utilFill: HTMLElement;
-  utilText: HTMLElement;
-  memBar: HTMLElement;
-  memFill: HTMLElement;
-  memText: HTMLElement;
-  spark: SVGSVGElement;
+  util: IMeter;
+  mem: IMeter;
+  chart: HistoryChart;
   temperature: HTMLElement;
   power: HTMLElement;
   processes: HTMLElement;
   processKey: string;
 }
 
-const SPARK_W = 200;
-const SPARK_H = 32;
+interface IRow {
+  root: HTMLElement;
+  name: HTMLElement;
+  util: IMeter;
+  mem: IMeter;
+  top: HTMLElement;
+}
 
 export class GpuPanel extends Widget {
   constructor(private _history: DeviceHistory) {
@@ -80,15 +124,47 @@ export class GpuPanel extends Widget {
 
     const header = el('div', 'jp-gpuctx-header');
     header.appendChild(el('h2', 'jp-gpuctx-heading', 'GPUs'));
+    this._compactToggle = el('button', 'jp-gpuctx-button jp-gpuctx-compact-toggle', 'Compact');
+    this._compactToggle.type = 'button';
+    this._compactToggle.title = 'One row per GPU';
+    this._compactToggle.setAttribute('aria-pressed', 'false');
+    this._compactToggle.hidden = true;
+    this._compactToggle.addEventListener('click', () => this.setCompact(!this.compact));
+    header.appendChild(this._compactToggle);
     this._connection = el('span', 'jp-gpuctx-connection');
     this._connection.setAttribute('role', 'status');
     header.appendChild(this._connection);
     this.node.appendChild(header);
 
+    this._outage = el('p', 'jp-gpuctx-outage', OUTAGE_TEXT);
+    this._outage.setAttribute('role', 'status');
+    this._outage.hidden = true;
+    this.node.appendChild(this._outage);
+
+    this._freshness = el('p', 'jp-gpuctx-freshness');
+    this._freshness.id = `jp-gpuctx-freshness-${++uid}`;
+    this._freshness.setAttribute('role', 'status');
+    this._freshness.hidden = true;
+    this.node.appendChild(this._freshness);
+
+    // The banner is built once; a sample only changes it when the trace does.
     this._replay = el('div', 'jp-gpuctx-replay');
-    this._replay.setAttribute('role', 'alert');
+    this._replay.setAttribute('role', 'status');
     this._replay.hidden = true;
+    const replayDetail = el('div', 'jp-gpuctx-replay-detail');
+    this._replaySource = el('span', 'jp-gpuctx-replay-source');
+    this._replayRecorded = el('span', 'jp-gpuctx-replay-recorded');
+    this._replayDate = el('span', 'jp-gpuctx-replay-date');
+    this._replayRecorded.append(', recorded ', this._replayDate);
+    replayDetail.append(this._replaySource, this._replayRecorded);
+    this._replay.append(el('strong', undefined, REPLAY_BANNER), replayDetail);
     this.node.appendChild(this._replay);
+
+    // Without a GPU, the reason is what a person needs first.
+    this._noGpu = el('p', 'jp-gpuctx-nogpu');
+    this._noGpu.setAttribute('role', 'status');
+    this._noGpu.textContent = 'Waiting for the gpuctx server…';
+    this.node.appendChild(this._noGpu);
 
     this._notebook = el('section', 'jp-gpuctx-notebook');
     const nbHeading = el('h3', 'jp-gpuctx-section-heading', 'This notebook');
@@ -105,12 +181,12 @@ export class GpuPanel extends Widget {
 
     this._devices = el('section', 'jp-gpuctx-devices');
     this._devices.setAttribute('aria-label', 'GPUs on this server');
-    this._noGpu = el('p', 'jp-gpuctx-nogpu');
-    this._noGpu.setAttribute('role', 'status');
-    this._noGpu.textContent = 'Waiting for the gpuctx server…';
-    this._devices.appendChild(this._noGpu);
     this._cardsNode = el('div', 'jp-gpuctx-cards');
     this._devices.appendChild(this._cardsNode);
+    this._compactNode = el('ul', 'jp-gpuctx-compact-list');
+    this._compactNode.setAttribute('aria-label', 'GPUs, one row each');
+    this._compactNode.hidden = true;
+    this._devices.appendChild(this._compactNode);
     this._notes = el('ul', 'jp-gpuctx-notes');
     this._devices.appendChild(this._notes);
     this.node.appendChild(this._devices);
@@ -128,48 +204,73 @@ export class GpuPanel extends Widget {
     return this._actionRequested;
   }
 
-  set historySeconds(value: number) {
-    this._historySeconds = value;
+  /** One row per GPU instead of cards: the user's choice, else automatic above `compactAbove` GPUs. */
+  get compact(): boolean {
+    return this._compactChoice ?? this._deviceCount > this._settings.compactAbove;
   }
 
-  setConnection(state: StreamState, attempts: number): void {
-    const text: Record<StreamState, string> = {
+  /** true/false: the user's choice (the header's toggle); null: automatic again. */
+  setCompact(choice: boolean | null): void {
+    this._compactChoice = choice;
+    this._rerender();
+  }
+
+  configure(settings: IGpuSettings): void {
+    this._settings = settings;
+    this._rerender();
+  }
+
+  setHealth(health: IHealth): void {
+    const text: Record<IHealth['connection'], string> = {
       idle: '',
       connecting: 'connecting…',
       open: 'connected', // to the server's stream; whether the data is live, the replay banner says
-      waiting: `reconnecting (attempt ${attempts})…`
+      waiting: `reconnecting (attempt ${health.attempts})…`
     };
-    this._connection.textContent = text[state];
-    this._connection.dataset.state = state;
+    setText(this._connection, text[health.connection]);
+    this._connection.dataset.state = health.connection;
+    this._outage.hidden = !health.outage;
+    const stale = health.stale && health.lastUpdate !== null;
+    this.toggleClass('jp-gpuctx-stale', stale);
+    this._freshness.hidden = !stale;
+    setText(this._freshness, stale ? `Last update ${formatClock(health.lastUpdate!)}` : '');
+    if (stale) {
+      this._devices.setAttribute('aria-describedby', this._freshness.id);
+    } else {
+      this._devices.removeAttribute('aria-describedby');
+    }
   }
 
   setSnapshot(snapshot: ISnapshot): void {
-    const view = panelView(snapshot);
-    this._renderReplay(view);
-    this._noGpu.hidden = view.noGpu === null;
-    this._noGpu.textContent = view.noGpu === null ? '' : `No GPU: ${view.noGpu}`;
-    this._renderCards(view.devices);
-    this._notes.replaceChildren(...view.notes.map(n => el('li', undefined, n)));
+    this._snapshot = snapshot;
+    this._render(panelView(snapshot, warnFraction(this._settings.memoryWarningPercent)));
   }
 
-  setNotebook(info: INotebookInfo | null, view: IKernelView | null): void {
+  setNotebook(info: INotebookRef | null, view: IKernelView | null): void {
     if (!info) {
-      this._notebookName.textContent = 'No notebook is active.';
-      this._notebookRows.replaceChildren();
+      setText(this._notebookName, 'No notebook is active.');
+      this._notebookName.removeAttribute('title');
+      this._renderRows([]);
       this._setActions(null, '', null);
       return;
     }
     const kernel = info.kernelId
       ? `${info.kernelName ?? 'kernel'}${info.kernelStatus ? `, ${info.kernelStatus}` : ''}`
       : 'no kernel';
-    this._notebookName.textContent = `${info.name} (${kernel})`;
+    setText(this._notebookName, `${info.name} (${kernel})`);
     this._notebookName.title = info.path;
     this._renderRows(info.kernelId ? kernelRows(view) : []);
     this._setActions(info.kernelId, info.name, info.kernelStatus);
   }
 
+  /** Redraw the charts with the theme's colours (after a theme change). */
+  redrawCharts(): void {
+    this._cards.forEach(card => card.chart.redraw());
+  }
+
   protected onAfterShow(msg: Message): void {
     super.onAfterShow(msg);
+    this._fitCharts();
     this._visibilityChanged.emit(true);
   }
 
@@ -188,25 +289,86 @@ export class GpuPanel extends Widget {
     super.onBeforeDetach(msg);
   }
 
+  protected onResize(msg: Widget.ResizeMessage): void {
+    super.onResize(msg);
+    this._fitCharts();
+  }
+
+  private _fitCharts(): void {
+    this._cards.forEach(card => void card.chart.fit());
+  }
+
+  private _rerender(): void {
+    if (this._snapshot) {
+      this.setSnapshot(this._snapshot);
+    }
+  }
+
+  private _render(view: IPanelView): void {
+    this._renderReplay(view);
+    this._noGpu.hidden = view.noGpu === null;
+    if (view.noGpu === null) {
+      setText(this._noGpu, '');
+    } else if (this._noGpuReason !== view.noGpu) {
+      this._noGpu.replaceChildren(el('strong', undefined, 'No GPU'), `: ${view.noGpu}`);
+    }
+    this._noGpuReason = view.noGpu;
+    this._deviceCount = view.devices.length;
+    const compact = this.compact;
+    if (compact) {
+      this.node.dataset.gpuctxCompact = 'true';
+    } else {
+      delete this.node.dataset.gpuctxCompact;
+    }
+    this._compactToggle.hidden = view.devices.length === 0;
+    setAttr(this._compactToggle, 'aria-pressed', String(compact));
+    this._cardsNode.hidden = compact;
+    this._compactNode.hidden = !compact;
+    this._renderCards(compact ? [] : view.devices);
+    this._renderRowsCompact(compact ? view.devices : []);
+    const notesKey = view.notes.join('\n');
+    if (notesKey !== this._notesKey) {
+      this._notesKey = notesKey;
+      this._notes.replaceChildren(...view.notes.map(n => el('li', undefined, n)));
+    }
+  }
+
   private _renderReplay(view: IPanelView): void {
-    if (!view.replay) {
-      this._replay.hidden = true;
-      this._replay.replaceChildren();
-      this.removeClass('jp-gpuctx-mod-replay');
+    const replay = view.replay;
+    this.toggleClass('jp-gpuctx-mod-replay', !!replay);
+    this._replay.hidden = !replay;
+    if (!replay) {
       return;
     }
-    this.addClass('jp-gpuctx-mod-replay');
-    this._replay.hidden = false;
-    const detail = [view.replay.source, view.replay.recorded && `recorded ${view.replay.recorded}`]
-      .filter(Boolean)
-      .join(', ');
-    this._replay.replaceChildren(el('strong', undefined, REPLAY_BANNER), el('div', 'jp-gpuctx-replay-detail', detail));
+    setText(this._replaySource, replay.name);
+    this._replaySource.title = replay.source;
+    this._replayRecorded.hidden = !replay.recorded;
+    setText(this._replayDate, replay.recorded);
   }
 
   private _renderRows(rows: IKernelRow[]): void {
+    const key = JSON.stringify(rows);
+    if (key === this._rowsKey) {
+      return;
+    }
+    this._rowsKey = key;
+    // A <details> the user opened stays open when its row is drawn again.
+    const open = new Set(
+      Array.from(this._notebookRows.querySelectorAll('details[open]')).map(d => (d as HTMLElement).dataset.row)
+    );
     const nodes: HTMLElement[] = [];
     for (const row of rows) {
-      nodes.push(el('dt', undefined, row.label), el('dd', undefined, row.value));
+      const dd = el('dd');
+      if (row.detail) {
+        const details = el('details', 'jp-gpuctx-details');
+        details.dataset.row = row.label;
+        details.open = open.has(row.label);
+        details.append(el('summary', undefined, row.value), el('div', 'jp-gpuctx-details-text', row.detail));
+        dd.appendChild(details);
+      } else {
+        dd.textContent = row.value;
+      }
+      nodes.push(el('dt', undefined, row.label), dd);
     }
     this._notebookRows.replaceChildren(...nodes);
   }
@@ -215,9 +377,7 @@ export class GpuPanel extends Widget {
     const key = `${kernelId}|${label}`;
     if (key !== this._actionsKey) {
       this._actionsKey = key;
-      this._notebookActions.replaceChildren(
-        ...(kernelId ? this._actionButtons(kernelId, label, `the kernel of ${label}`) : [])
-      );
+      this._notebookActions.replaceChildren(...(kernelId ? this._actionButtons(kernelId, label) : []));
     }
     // Nothing to interrupt while the kernel is idle is still allowed: interrupt is harmless.
     const dead = status === 'dead' || status === 'unknown';
@@ -226,17 +386,20 @@ export class GpuPanel extends Widget {
     });
   }
 
-  private _actionButtons(kernelId: string, label: string, spoken: string): HTMLButtonElement[] {
-    return ACTIONS.map(({ action, text, verb }) => {
-      const button = el('button', `jp-gpuctx-button jp-gpuctx-button-${action}`, text);
+  private _actionButtons(kernelId: string, label: string): HTMLButtonElement[] {
+    return KERNEL_ACTIONS.map(({ action, verb }) => {
+      const button = el('button', `jp-gpuctx-button jp-gpuctx-button-${action}`, verb);
       button.type = 'button';
       button.dataset.action = action;
-      button.setAttribute('aria-label', `${verb} ${spoken}`);
-      button.title = `${verb} ${spoken}`;
+      const spoken = actionWording(action, label).label;
+      button.setAttribute('aria-label', spoken);
+      button.title = spoken;
       button.addEventListener('click', () => this._actionRequested.emit({ kernelId, action, label }));
       return button;
     });
   }
+
+  // ---- cards ----
 
   private _renderCards(devices: IDeviceView[]): void {
     const seen = new Set<string>();
@@ -244,7 +407,7 @@ export class GpuPanel extends Widget {
       seen.add(device.key);
       let card = this._cards.get(device.key);
       if (!card) {
-        card = this._createCard();
+        card = this._createCard(device.key);
         this._cards.set(device.key, card);
       }
       if (this._cardsNode.children[i] !== card.root) {
@@ -254,14 +417,16 @@ export class GpuPanel extends Widget {
     });
     for (const [key, card] of Array.from(this._cards)) {
       if (!seen.has(key)) {
+        card.chart.dispose();
         card.root.remove();
         this._cards.delete(key);
       }
     }
   }
 
-  private _createCard(): ICard {
+  private _createCard(key: string): ICard {
     const root = el('article', 'jp-gpuctx-card');
+    root.dataset.gpuctxDevice = key;
     const title = el('h3', 'jp-gpuctx-card-title');
     title.id = `jp-gpuctx-card-${++uid}`;
     root.setAttribute('aria-labelledby', title.id);
@@ -269,75 +434,49 @@ export class GpuPanel extends Widget {
     const error = el('div', 'jp-gpuctx-card-error');
     error.setAttribute('role', 'alert');
     error.hidden = true;
-    const meter = (label: string) => {
-      const row = el('div', 'jp-gpuctx-meter');
-      row.appendChild(el('span', 'jp-gpuctx-meter-label', label));
-      const bar = el('div', 'jp-gpuctx-meter-bar');
-      bar.setAttribute('role', 'meter');
-      bar.setAttribute('aria-valuemin', '0');
-      bar.setAttribute('aria-valuemax', '100');
-      bar.setAttribute('aria-label', label);
-      const fill = el('div', 'jp-gpuctx-meter-fill');
-      bar.appendChild(fill);
-      row.appendChild(bar);
-      const text = el('span', 'jp-gpuctx-meter-value');
-      row.appendChild(text);
-      return { row, bar, fill, text };
-    };
-    const util = meter('Utilisation');
-    util.row.classList.add('jp-gpuctx-meter-utilization');
-    const mem = meter('Memory');
-    mem.row.classList.add('jp-gpuctx-meter-memory');
-    const spark = createSparkline(SPARK_W, SPARK_H);
+    const util = createMeter('utilization', 'Utilisation');
+    const mem = createMeter('memory', 'Memory');
+    const chart = new HistoryChart();
     const facts = el('dl', 'jp-gpuctx-rows');
     const temperature = el('dd');
     const power = el('dd');
     facts.append(el('dt', undefined, 'Temperature'), temperature, el('dt', undefined, 'Power'), power);
     const procHeading = el('h4', 'jp-gpuctx-processes-heading', 'Processes');
     const processes = el('ul', 'jp-gpuctx-processes');
-    root.append(title, subtitle, error, util.row, mem.row, spark, facts, procHeading, processes);
-    return {
-      root,
-      title,
-      subtitle,
-      error,
-      utilBar: util.bar,
-      utilFill: util.fill,
-      utilText: util.text,
-      memBar: mem.bar,
-      memFill: mem.fill,
-      memText: mem.text,
-      spark,
-      temperature,
-      power,
-      processes,
-      processKey: ''
-    };
+    root.append(title, subtitle, error, util.root, mem.root, chart.node, facts, procHeading, processes);
+    return { root, title, subtitle, error, util, mem, chart, temperature, power, processes, processKey: '' };
+  }
+
+  private _memoryWarning(d: IDeviceView): string {
+    if (!d.memoryWarn) {
+      return '';
+    }
+    const use = formatPercent((d.memoryFraction ?? 0) * 100);
+    return `Memory use ${use} is above the ${formatPercent(this._settings.memoryWarningPercent)} warning threshold`;
   }
 
   private _updateCard(card: ICard, d: IDeviceView): void {
-    card.title.textContent = d.title;
-    card.subtitle.textContent = d.subtitle;
+    setText(card.title, d.title);
+    card.title.title = d.tooltip;
+    setText(card.subtitle, d.subtitle);
+    card.subtitle.title = d.tooltip;
+    card.subtitle.hidden = !d.subtitle;
     card.error.hidden = !d.error;
-    card.error.textContent = d.error ? `Error reading this GPU: ${d.error}` : '';
-    const util = d.utilization ?? 0;
-    card.utilFill.style.width = `${Math.min(100, Math.max(0, util))}%`;
-    card.utilBar.setAttribute('aria-valuenow', String(Math.round(util)));
-    card.utilBar.setAttribute('aria-valuetext', d.utilizationText);
-    card.utilText.textContent = d.utilizationText;
-    const mem = (d.memoryFraction ?? 0) * 100;
-    card.memFill.style.width = `${mem}%`;
-    card.memBar.setAttribute('aria-valuenow', String(Math.round(mem)));
-    card.memBar.setAttribute('aria-valuetext', d.memoryText);
-    card.memText.textContent = d.memoryText;
-    card.temperature.textContent = d.temperatureText;
-    card.power.textContent = d.powerText;
-    const points = this._history.points(d.key);
-    updateSparkline(
-      card.spark,
-      points,
-      this._history.capacity,
-      `Utilisation (solid) and memory (dashed) of cuda:${d.ordinal} over the last ${formatSpan(this._historySeconds)}`
+    setText(card.error, d.error ? `Error reading this GPU: ${d.error}` : '');
+    const util = d.utilization === null ? null : d.utilization / 100;
+    updateMeter(card.util, util, d.utilizationText, d.utilizationText);
+    const warning = this._memoryWarning(d);
+    const spoken = warning ? `${d.memoryText}; ${warning}` : d.memoryText;
+    updateMeter(card.mem, d.memoryFraction, d.memoryText, spoken, d.memoryWarn);
+    card.mem.root.title = warning;
+    setText(card.temperature, d.temperatureText);
+    setText(card.power, d.powerText);
+    const span = this._settings.historyLength;
+    card.chart.update(
+      this._history.points(d.key),
+      span,
+      this._settings.chartMemoryScale,
+      `Utilisation (solid) and memory (dashed) of ${d.shortName} over the last ${formatSpan(span)}`
     );
     const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}`).join('|');
     if (key !== card.processKey) {
@@ -349,10 +488,13 @@ export class GpuPanel extends Widget {
     // Memory and state change every tick; only they are refreshed in place.
     d.processes.forEach((p, i) => {
       const item = card.processes.children[i] as HTMLElement | undefined;
-      item?.querySelector('.jp-gpuctx-process-memory')?.replaceChildren(p.memory);
+      const memory = item?.querySelector('.jp-gpuctx-process-memory');
+      if (memory) {
+        setText(memory, p.memory);
+      }
       const state = item?.querySelector('.jp-gpuctx-process-state');
       if (state) {
-        state.textContent = p.executionState ?? '';
+        setText(state, p.executionState ?? '');
       }
     });
   }
@@ -369,25 +511,93 @@ export class GpuPanel extends Widget {
     item.appendChild(line);
     if (p.kernelId) {
       const actions = el('div', 'jp-gpuctx-actions');
-      actions.append(...this._actionButtons(p.kernelId, p.label, `the kernel of ${p.label}`));
+      actions.append(...this._actionButtons(p.kernelId, p.label));
       item.appendChild(actions);
     }
     return item;
   }
 
-  private _historySeconds = 120;
+  // ---- compact rows ----
+
+  private _renderRowsCompact(devices: IDeviceView[]): void {
+    const seen = new Set<string>();
+    devices.forEach((device, i) => {
+      seen.add(device.key);
+      let row = this._rows.get(device.key);
+      if (!row) {
+        row = this._createRow(device.key);
+        this._rows.set(device.key, row);
+      }
+      if (this._compactNode.children[i] !== row.root) {
+        this._compactNode.insertBefore(row.root, this._compactNode.children[i] ?? null);
+      }
+      this._updateRow(row, device);
+    });
+    for (const [key, row] of Array.from(this._rows)) {
+      if (!seen.has(key)) {
+        row.root.remove();
+        this._rows.delete(key);
+      }
+    }
+  }
+
+  private _createRow(key: string): IRow {
+    const root = el('li', 'jp-gpuctx-compact-row');
+    root.dataset.gpuctxDevice = key;
+    const name = el('span', 'jp-gpuctx-compact-name');
+    const util = createMeter('utilization', 'Utilisation');
+    const mem = createMeter('memory', 'Memory');
+    const top = el('span', 'jp-gpuctx-compact-top');
+    root.append(name, util.root, mem.root, top);
+    return { root, name, util, mem, top };
+  }
+
+  private _updateRow(row: IRow, d: IDeviceView): void {
+    setText(row.name, d.shortName);
+    row.root.title = d.tooltip;
+    row.root.classList.toggle('jp-gpuctx-mod-error', !!d.error);
+    const util = d.utilization === null ? null : d.utilization / 100;
+    updateMeter(row.util, util, d.utilizationText, `${d.shortName} utilisation ${d.utilizationText}`);
+    const warning = this._memoryWarning(d);
+    const spoken = `${d.shortName} memory ${d.memoryText}${warning ? `; ${warning}` : ''}`;
+    updateMeter(row.mem, d.memoryFraction, d.memoryUsedText, spoken, d.memoryWarn);
+    row.mem.root.title = warning || d.memoryText;
+    const top = d.error
+      ? `Error: ${d.error}`
+      : d.top
+        ? `${d.top.label} · ${d.top.memory}${d.processes.length > 1 ? ` (+${d.processes.length - 1})` : ''}`
+        : 'no processes';
+    setText(row.top, top);
+    row.top.title = d.top ? d.top.description : '';
+  }
+
+  private _settings: IGpuSettings = DEFAULT_SETTINGS;
+  private _snapshot: ISnapshot | null = null;
+  private _compactChoice: boolean | null = null;
+  private _deviceCount = 0;
+  private _compactToggle: HTMLButtonElement;
   private _connection: HTMLElement;
+  private _outage: HTMLElement;
+  private _freshness: HTMLElement;
   private _replay: HTMLElement;
+  private _replaySource: HTMLElement;
+  private _replayRecorded: HTMLElement;
+  private _replayDate: HTMLElement;
+  private _noGpu: HTMLElement;
+  private _noGpuReason: string | null = null;
   private _notebook: HTMLElement;
   private _notebookName: HTMLElement;
   private _notebookRows: HTMLElement;
+  private _rowsKey = '';
   private _notebookActions: HTMLElement;
   private _actionsKey = '';
   private _devices: HTMLElement;
-  private _noGpu: HTMLElement;
   private _cardsNode: HTMLElement;
+  private _compactNode: HTMLElement;
   private _notes: HTMLElement;
+  private _notesKey = '';
   private _cards = new Map<string, ICard>();
+  private _rows = new Map<string, IRow>();
   private _visibilityChanged = new Signal<this, boolean>(this);
   private _actionRequested = new Signal<this, IActionRequest>(this);
 }

@@ -1,5 +1,11 @@
-/** The status-bar item: the active notebook's GPU in a few characters; a click opens the panel. */
+/**
+ * The status-bar item: the active notebook's GPU in a few characters ("GPU0 37% 12.1G"), or
+ * "GPU –" when the notebook uses none; a click opens the panel. What it says comes from
+ * `statusView` (model.ts); this only draws it.
+ */
 import { Widget } from '@lumino/widgets';
+
+import { IStatusView } from './model';
 
 export class GpuStatusItem extends Widget {
   constructor(onClick: () => void) {
@@ -9,19 +15,52 @@ export class GpuStatusItem extends Widget {
     this._button.type = 'button';
     this._button.className = 'jp-gpuctx-status-button';
     this._button.addEventListener('click', onClick);
+    this._text = document.createElement('span');
+    this._text.className = 'jp-gpuctx-status-text';
+    // "(replay)" is a badge of its own, dark text on the theme's light warn colour (readable in
+    // light and dark themes); the button's text still ends in "(replay)".
+    this._gap = document.createTextNode('');
+    this._replay = document.createElement('span');
+    this._replay.className = 'jp-gpuctx-status-replay';
+    this._button.append(this._text, this._gap, this._replay);
     this.node.appendChild(this._button);
-    this.setText('GPU …', 'GPU: waiting for the gpuctx server. Click to open the GPU panel.', false);
+    this.render({
+      state: 'waiting',
+      text: 'GPU …',
+      description: 'GPU: waiting for the gpuctx server. Click to open the GPU panel.',
+      replay: false,
+      warn: false,
+      stale: false,
+      deviceKey: null
+    });
   }
 
-  /** Sets the text and the tooltip/aria-label; `replay` marks replayed data. */
-  setText(text: string, description: string, replay: boolean): void {
-    if (this._button.textContent !== text) {
-      this._button.textContent = text;
+  render(view: IStatusView): void {
+    if (this._text.textContent !== view.text) {
+      this._text.textContent = view.text;
     }
-    this._button.title = description;
-    this._button.setAttribute('aria-label', description);
-    this.toggleClass('jp-gpuctx-mod-replay', replay);
+    // The button's text is exactly "<text>" or "<text> (replay)".
+    this._gap.data = view.replay ? ' ' : '';
+    const badge = view.replay ? '(replay)' : '';
+    if (this._replay.textContent !== badge) {
+      this._replay.textContent = badge;
+    }
+    this._replay.hidden = !view.replay;
+    this._button.title = view.description;
+    this._button.setAttribute('aria-label', view.description);
+    this.node.dataset.gpuctxState = view.state;
+    if (view.deviceKey) {
+      this.node.dataset.gpuctxDevice = view.deviceKey;
+    } else {
+      delete this.node.dataset.gpuctxDevice;
+    }
+    this.toggleClass('jp-gpuctx-mod-replay', view.replay);
+    this.toggleClass('jp-gpuctx-mod-warn', view.warn);
+    this.toggleClass('jp-gpuctx-stale', view.stale);
   }
 
   private _button: HTMLButtonElement;
+  private _text: HTMLSpanElement;
+  private _gap: Text;
+  private _replay: HTMLSpanElement;
 }

@@ -188,7 +188,7 @@ export class GpuStream {
     const delay = backoffDelay(this._attempts, this._options.backoff ?? DEFAULT_BACKOFF, this._options.random);
     this._attempts++;
     this._setState('waiting');
-    const set = this._options.setTimeout ?? ((fn, ms) => window.setTimeout(fn, ms));
+    const set = this._options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
     this._timer = set(() => {
       this._timer = null;
       if (this.wanted) {
@@ -200,7 +200,7 @@ export class GpuStream {
 
   private _stop(): void {
     if (this._timer !== null) {
-      (this._options.clearTimeout ?? (h => window.clearTimeout(h as number)))(this._timer);
+      (this._options.clearTimeout ?? (h => clearTimeout(h as ReturnType<typeof setTimeout>)))(this._timer);
       this._timer = null;
     }
     this._closeSocket();

@@ -38,6 +38,16 @@ export interface IGpuDevice {
   processes?: IGpuProcess[];
 }
 
+/**
+ * The one identity of a GPU across snapshots, used by the panel's cards, the history, the
+ * charts and the status bar alike: its UUID, or `cuda:<ordinal>` where NVML gave none (a
+ * replayed trace may lack it). CUDA ordinals can be renumbered by `CUDA_VISIBLE_DEVICES`; a
+ * UUID cannot, so history never jumps from one board to another.
+ */
+export function deviceKey(device: Pick<IGpuDevice, 'uuid' | 'ordinal'>): string {
+  return device.uuid || `cuda:${device.ordinal}`;
+}
+
 /** A recorded trace played back by the server: never live data. */
 export interface IReplay {
   source?: string;
@@ -86,7 +96,11 @@ export interface IWarmup {
 /** GET /gpuctx/api/kernels/<id>: the kernel's own answer, or why there is none. */
 export interface IKernelView {
   kernel_id?: string;
-  status: 'ok' | 'no-answer' | 'dead' | 'error' | string;
+  /**
+   * The server's word, or one the frontend sets itself: `gone` (the server answered 404: the
+   * kernel was shut down) and `unreachable` (the server did not answer at all).
+   */
+  status: 'ok' | 'no-answer' | 'dead' | 'error' | 'gone' | 'unreachable' | string;
   reason?: string;
   message?: string;
   pid?: number;
@@ -101,4 +115,5 @@ export interface IKernelView {
   pooled?: boolean;
 }
 
+/** The kernel actions of `POST /gpuctx/api/kernels/<id>/<action>` (see actions.ts for their wording). */
 export type KernelAction = 'interrupt' | 'restart' | 'shutdown';

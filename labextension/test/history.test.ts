@@ -1,6 +1,11 @@
 import { describe, expect, it } from 'vitest';
 
-import { DeviceHistory, historyCapacity, RingBuffer } from '../src/history';
+import { DeviceHistory, historyCapacity, IHistoryPoint, RingBuffer } from '../src/history';
+import { GIB, twoGpus } from './fixtures';
+
+function point(t: number, utilization: number | null = 0): IHistoryPoint {
+  return { t, utilization, memoryUsed: GIB, memoryTotal: 2 * GIB };
+}
 
 describe('RingBuffer', () => {
   it('keeps the newest items, oldest first', () => {
@@ -34,21 +39,40 @@ describe('DeviceHistory', () => {
   it('keeps a window per GPU and drops repeated or older samples', () => {
     const h = new DeviceHistory(3, 1);
     for (let t = 1; t <= 6; t++) {
-      h.add('GPU-a', { t, utilization: t * 10, memory: 0.1 });
+      h.add('GPU-a', point(t, t * 10));
     }
-    h.add('GPU-a', { t: 6, utilization: 99, memory: 0.1 }); // the same sample again
-    h.add('GPU-a', { t: 2, utilization: 99, memory: 0.1 }); // late
+    h.add('GPU-a', point(6, 99)); // the same sample again
+    h.add('GPU-a', point(2, 99)); // late
     expect(h.points('GPU-a').map(p => p.t)).toEqual([3, 4, 5, 6]);
-    h.add('GPU-b', { t: 6, utilization: 1, memory: null });
+    h.add('GPU-b', point(6));
     h.retain(['GPU-b']);
     expect(h.points('GPU-a')).toEqual([]);
     expect(h.points('GPU-b')).toHaveLength(1);
   });
 
+  it('takes whole snapshots keyed by UUID, in bytes, and forgets GPUs that left', () => {
+    const h = new DeviceHistory(120, 1);
+    h.addSnapshot(twoGpus(100));
+    h.addSnapshot(twoGpus(101));
+    expect(h.points('GPU-aaaa')).toEqual([
+      { t: 100, utilization: 37, memoryUsed: 12.1 * GIB, memoryTotal: 140.4 * GIB },
+      { t: 101, utilization: 37, memoryUsed: 12.1 * GIB, memoryTotal: 140.4 * GIB }
+    ]);
+    const one = twoGpus(102);
+    one.devices = one.devices.slice(0, 1);
+    h.addSnapshot(one);
+    expect(h.points('GPU-bbbb')).toEqual([]);
+    // without a UUID, the CUDA ordinal names the GPU
+    const bare = twoGpus(103);
+    bare.devices[0].uuid = '';
+    h.addSnapshot(bare);
+    expect(h.points('cuda:0')).toHaveLength(1);
+  });
+
   it('resizes every buffer when the settings change', () => {
     const h = new DeviceHistory(10, 1);
     for (let t = 1; t <= 11; t++) {
-      h.add('x', { t, utilization: 0, memory: 0 });
+      h.add('x', point(t));
     }
     h.configure(2, 1);
     expect(h.capacity).toBe(3);

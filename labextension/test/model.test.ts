@@ -1,15 +1,17 @@
 import { describe, expect, it } from 'vitest';
 
 import {
-  deviceForKernel,
   describeProcess,
+  IStatusInput,
+  kernelGpu,
   kernelRows,
+  OUTAGE_TEXT,
   panelView,
   REPLAY_BANNER,
-  statusDescription,
-  statusText,
-  warmupText
+  statusView,
+  warmupSummary
 } from '../src/model';
+import { IKernelView, ISnapshot } from '../src/types';
 import { GIB, NO_GPU, twoGpus } from './fixtures';
 
 describe('panelView', () => {
@@ -20,17 +22,31 @@ describe('panelView', () => {
     expect(view.replay).toBeNull();
   });
 
-  it('titles cards by CUDA ordinal with the nvidia-smi index beside', () => {
+  it('titles cards by CUDA ordinal; the UUID goes to the tooltip, not the visible text', () => {
     const view = panelView(twoGpus());
     expect(view.noGpu).toBeNull();
     expect(view.devices.map(d => d.title)).toEqual(['cuda:0 · NVIDIA H200', 'cuda:1 · NVIDIA H200']);
-    expect(view.devices[0].subtitle).toBe('nvidia-smi 1 · GPU-aaaa');
-    expect(view.devices[0].utilizationText).toBe('37%');
-    expect(view.devices[0].memoryText).toBe('12.1 GiB / 140.4 GiB');
-    expect(view.devices[0].powerText).toBe('120 / 700 W');
+    const d = view.devices[0];
+    expect(d.key).toBe('GPU-aaaa');
+    expect(d.subtitle).toBe('nvidia-smi 1');
+    expect(d.tooltip).toContain('UUID GPU-aaaa');
+    expect(d.shortName).toBe('cuda:0');
+    expect(d.utilizationText).toBe('37%');
+    expect(d.memoryText).toBe('12.1 GiB / 140 GiB');
+    expect(d.memoryUsedText).toBe('12.1 GiB');
+    expect(d.powerText).toBe('120 / 700 W');
+    expect(d.temperatureText).toBe('29 °C');
   });
 
-  it('names processes by notebook, kernel, process name or PID', () => {
+  it('warns at the memory threshold', () => {
+    const snap = twoGpus();
+    snap.devices[0].memory_used = 0.95 * snap.devices[0].memory_total!;
+    expect(panelView(snap).devices[0].memoryWarn).toBe(true);
+    expect(panelView(snap, 0.99).devices[0].memoryWarn).toBe(false);
+    expect(panelView(snap).devices[1].memoryWarn).toBe(false);
+  });
+
+  it('names processes by notebook, kernel, process name or PID, and picks the top one', () => {
     const [nb, other] = panelView(twoGpus()).devices[0].processes;
     expect(nb.label).toBe('train.ipynb');
     expect(nb.kernelId).toBe('k-123456789');
@@ -38,6 +54,8 @@ describe('panelView', () => {
     expect(nb.description).toContain('work/train.ipynb');
     expect(other.label).toBe('python (PID 77)');
     expect(other.kernelId).toBeNull();
+    // the notebook, though the other process holds more memory
+    expect(panelView(twoGpus()).devices[0].top?.label).toBe('train.ipynb');
     const bare = panelView(twoGpus()).devices[1].processes[0];
     expect(bare.label).toBe('python3 kernel k-other');
     expect(describeProcess({ pid: 9 }).label).toBe('PID 9');
@@ -50,29 +68,107 @@ describe('panelView', () => {
     ]);
   });
 
-  it('shows the replay banner data only when the snapshot says replay', () => {
-    const replay = panelView({ ...NO_GPU, replay: { source: 'h200.jsonl', recorded: '2025-01-01' } });
-    expect(replay.replay).toEqual({ source: 'h200.jsonl', recorded: '2025-01-01' });
+  it('gives the replayed trace by file name, with the full path for the tooltip', () => {
+    const replay = panelView({ ...NO_GPU, replay: { source: '/data/traces/h200.jsonl', recorded: '2025-01-01' } });
+    expect(replay.replay).toEqual({ source: '/data/traces/h200.jsonl', name: 'h200.jsonl', recorded: '2025-01-01' });
   });
 });
 
-describe('the notebook GPU and the status bar', () => {
-  it('says no GPU without one, and marks replay', () => {
-    expect(statusText(NO_GPU, 'k', null)).toBe('no GPU');
-    expect(statusText({ ...NO_GPU, replay: { source: 'x' } }, 'k', null)).toBe('no GPU (replay)');
-    expect(statusText(null, null, null)).toBe('GPU …');
-    expect(statusDescription(NO_GPU, 'k', null)).toContain('libnvidia-ml.so.1 not found');
-    expect(statusDescription({ ...NO_GPU, replay: {} }, 'k', null)).toContain(REPLAY_BANNER);
+describe('the GPU a notebook uses', () => {
+  const snap = twoGpus();
+
+  it('is the device the kernel reports first', () => {
+    const used = kernelGpu(snap, 'k-other', { status: 'ok', device: 0, device_source: 'the server (least-used)' });
+    expect(used?.device.ordinal).toBe(0);
+    expect(used?.why).toBe('chosen by the server (least-used)');
   });
 
-  it("prefers the kernel's own device, then where its process is, then cuda:0", () => {
-    const snap = twoGpus();
-    expect(deviceForKernel(snap, 'k-other', { status: 'ok', device: 0 })?.ordinal).toBe(0);
-    expect(deviceForKernel(snap, 'k-other', null)?.ordinal).toBe(1);
-    expect(deviceForKernel(snap, 'k-other', { status: 'no-answer' })?.ordinal).toBe(1);
-    expect(deviceForKernel(snap, 'unknown', null)?.ordinal).toBe(0);
-    expect(statusText(snap, 'k-123456789', null)).toBe('GPU0 37% 12.1G');
-    expect(statusText(snap, 'k-other', null)).toBe('GPU1 0% 512M');
+  it('else the GPU its process holds memory on', () => {
+    expect(kernelGpu(snap, 'k-other', null)?.device.ordinal).toBe(1);
+    expect(kernelGpu(snap, 'k-other', { status: 'no-answer' })?.device.ordinal).toBe(1);
+  });
+
+  it("else where its allocator holds memory, else CUDA's default once CUDA started", () => {
+    const memory: IKernelView = {
+      status: 'ok',
+      device: null,
+      memory: [{ ordinal: 1, allocated: GIB, reserved: GIB, peak: GIB }]
+    };
+    expect(kernelGpu(snap, 'k-new', memory)?.device.ordinal).toBe(1);
+    const started = kernelGpu(snap, 'k-new', { status: 'ok', device: null, cuda_started: ['torch'] });
+    expect(started?.device.ordinal).toBe(0);
+    expect(started?.why).toContain('torch started CUDA');
+  });
+
+  it('is none for a kernel that shows no use of a GPU, or without a GPU or a kernel', () => {
+    expect(kernelGpu(snap, 'k-new', { status: 'ok', device: null, cuda_started: [], memory: [] })).toBeNull();
+    expect(kernelGpu(snap, 'k-new', null)).toBeNull();
+    expect(kernelGpu(NO_GPU, 'k-123456789', { status: 'ok', device: 0 })).toBeNull();
+    expect(kernelGpu(snap, null, null)).toBeNull();
+  });
+});
+
+describe('statusView', () => {
+  const input = (over: Partial<IStatusInput>): IStatusInput => ({
+    snapshot: twoGpus(),
+    kernelId: 'k-123456789',
+    kernelView: null,
+    warnPercent: 90,
+    stale: false,
+    lastUpdate: null,
+    outage: false,
+    ...over
+  });
+
+  it("shows the notebook's GPU only when its kernel uses one", () => {
+    const used = statusView(input({}));
+    expect(used.state).toBe('gpu');
+    expect(used.text).toBe('GPU0 37% 12.1G');
+    expect(used.deviceKey).toBe('GPU-aaaa');
+    expect(used.description).toContain("This notebook's GPU: cuda:0 NVIDIA H200");
+    expect(statusView(input({ kernelId: 'k-other' })).text).toBe('GPU1 0% 512M');
+    const none = statusView(input({ kernelId: 'k-new', kernelView: { status: 'ok', device: null } }));
+    expect(none.state).toBe('none');
+    expect(none.text).toBe('GPU –');
+    expect(none.deviceKey).toBeNull();
+    expect(none.description).toContain('uses no GPU');
+  });
+
+  it('waits for the kernel before naming no GPU', () => {
+    expect(statusView(input({ kernelId: 'k-new' }))).toMatchObject({ state: 'unknown', text: 'GPU …' });
+    expect(statusView(input({ kernelId: 'k-new', kernelView: { status: 'no-answer', reason: 'busy' } }))).toMatchObject({
+      state: 'none',
+      text: 'GPU –'
+    });
+  });
+
+  it('says GPU – without a kernel, after a shutdown, and without a GPU', () => {
+    expect(statusView(input({ kernelId: null }))).toMatchObject({ state: 'no-kernel', text: 'GPU –' });
+    expect(statusView(input({ kernelView: { status: 'gone' } }))).toMatchObject({ state: 'no-kernel', text: 'GPU –' });
+    const noGpu = statusView(input({ snapshot: NO_GPU }));
+    expect(noGpu).toMatchObject({ state: 'no-gpu', text: 'GPU –' });
+    expect(noGpu.description).toContain('No GPU: NVML reports: libnvidia-ml.so.1 not found');
+    expect(statusView(input({ snapshot: null }))).toMatchObject({ state: 'waiting', text: 'GPU …' });
+  });
+
+  it('warns above the memory threshold', () => {
+    const snap: ISnapshot = twoGpus();
+    snap.devices[0].memory_used = 0.92 * snap.devices[0].memory_total!;
+    const view = statusView(input({ snapshot: snap }));
+    expect(view.warn).toBe(true);
+    expect(view.description).toContain('Warning: memory use 92% is above 90%');
+    expect(statusView(input({ snapshot: snap, warnPercent: 95 })).warn).toBe(false);
+  });
+
+  it('marks replay, stale data and an outage in the description', () => {
+    const at = new Date(2025, 0, 1, 14, 3, 21).getTime();
+    const view = statusView(input({ snapshot: { ...twoGpus(), replay: { source: 'x' } }, stale: true, lastUpdate: at, outage: true }));
+    expect(view.replay).toBe(true);
+    expect(view.stale).toBe(true);
+    expect(view.description).toContain('Stale: last update 14:03:21.');
+    expect(view.description).toContain(OUTAGE_TEXT);
+    expect(view.description).toContain(REPLAY_BANNER);
+    expect(view.text).toBe('GPU0 37% 12.1G');
   });
 });
 
@@ -83,12 +179,20 @@ describe('kernelRows', () => {
       device: 1,
       device_source: '%gpu use',
       memory: [{ ordinal: 1, framework: 'torch', allocated: GIB, reserved: 2 * GIB, peak: 1.5 * GIB }],
-      warmup: { state: 'done', device: 1, total: 3.91 }
+      warmup: { state: 'done', device: 1, total: 3.914 }
     });
     expect(rows).toEqual([
       { label: 'Device', value: 'cuda:1 (%gpu use)' },
-      { label: 'cuda:1 torch', value: '1.0 GiB allocated, 2.0 GiB reserved, 1.5 GiB peak' },
-      { label: 'Warm-up', value: 'done on cuda:1 in 3.9 s' }
+      { label: 'cuda:1 torch', value: '1.00 GiB allocated, 2.00 GiB reserved, 1.50 GiB peak' },
+      { label: 'Warm-up', value: 'done on cuda:1 in 3.91 s' }
+    ]);
+  });
+
+  it('keeps a long warm-up reason out of the way, as a detail', () => {
+    const detail = 'imported torch only; no GPU is visible: NVML reports: libnvidia-ml.so.1 not found';
+    expect(kernelRows({ status: 'ok', device: null, memory: [], warmup: { state: 'skipped', detail } })).toEqual([
+      { label: 'Device', value: 'none (no GPU in use)' },
+      { label: 'Warm-up', value: 'skipped', detail }
     ]);
   });
 
@@ -98,19 +202,28 @@ describe('kernelRows', () => {
     expect(kernelRows({ status: 'ok', device: 0, pooled: false }).map(r => r.label)).not.toContain('Started');
   });
 
-  it('says why a kernel did not answer', () => {
+  it('says why a kernel did not answer, that it is gone, or that the server is unreachable', () => {
     expect(kernelRows({ status: 'no-answer', reason: 'gpuctx is not loaded' })).toEqual([
       { label: 'GPU view', value: 'no answer: gpuctx is not loaded' }
     ]);
     expect(kernelRows(null)[0].value).toBe('asking the kernel…');
+    expect(kernelRows({ status: 'gone' })[0].value).toBe('the kernel is no longer running');
+    expect(kernelRows({ status: 'unreachable' })[0].value).not.toContain('Failed to fetch');
   });
 
-  it('describes every warm-up state', () => {
-    expect(warmupText({ status: 'ok', warmup: { state: 'running', phase: 'matmul_fp32', device: 0 } })).toBe(
-      'running on cuda:0 (now: matmul fp32)'
-    );
-    expect(warmupText({ status: 'ok', warmup: { state: 'off', detail: 'policy never' } })).toBe('off (policy never)');
-    expect(warmupText({ status: 'ok', warmup: { state: 'failed', detail: 'no torch' } })).toBe('failed: no torch');
-    expect(warmupText({ status: 'ok' })).toBe('unknown');
+  it('summarises every warm-up state', () => {
+    expect(warmupSummary({ status: 'ok', warmup: { state: 'running', phase: 'matmul_fp32', device: 0 } })).toEqual({
+      summary: 'running on cuda:0 (now: matmul fp32)',
+      detail: null
+    });
+    expect(warmupSummary({ status: 'ok', warmup: { state: 'off', detail: 'policy never' } })).toEqual({
+      summary: 'off',
+      detail: 'policy never'
+    });
+    expect(warmupSummary({ status: 'ok', warmup: { state: 'failed', detail: 'no torch' } })).toEqual({
+      summary: 'failed',
+      detail: 'no torch'
+    });
+    expect(warmupSummary({ status: 'ok' }).summary).toBe('unknown');
   });
 });

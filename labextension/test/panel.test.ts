@@ -1,14 +1,18 @@
 // @vitest-environment jsdom
 /**
- * The panel's DOM with GPUs (which CI machines do not have): cards, processes with their
- * buttons, the replay banner, and that a card is updated in place rather than rebuilt.
+ * The panel's DOM with GPUs (which CI machines do not have): cards, compact rows, processes
+ * with their buttons, the replay banner, stale data, and that a card is updated in place rather
+ * than rebuilt.
  */
 import { Widget } from '@lumino/widgets';
 import { describe, expect, it } from 'vitest';
 
+import { IActionRequest, IHealth } from '../src/controller';
 import { DeviceHistory } from '../src/history';
-import { GpuPanel, IActionRequest } from '../src/panel';
-import { NO_GPU, twoGpus } from './fixtures';
+import { GpuPanel } from '../src/panel';
+import { DEFAULT_SETTINGS } from '../src/settings';
+import { ISnapshot } from '../src/types';
+import { GIB, NO_GPU, twoGpus } from './fixtures';
 
 function mounted(): GpuPanel {
   const panel = new GpuPanel(new DeviceHistory(120, 1));
@@ -16,22 +20,60 @@ function mounted(): GpuPanel {
   return panel;
 }
 
+function manyGpus(n: number, time = 100): ISnapshot {
+  const base = twoGpus(time).devices[0];
+  return {
+    gpu: true,
+    reason: null,
+    time,
+    devices: Array.from({ length: n }, (_, i) => ({
+      ...base,
+      ordinal: i,
+      nvml_index: i,
+      uuid: `GPU-${i}000`,
+      utilization: 10 * i,
+      processes: i === 0 ? base.processes : []
+    }))
+  };
+}
+
+const HEALTHY: IHealth = { connection: 'open', attempts: 0, stale: false, lastUpdate: null, outage: false };
+
+/** The text a person sees: hidden elements and tooltips left out. */
+function visibleText(node: Element): string {
+  const clone = node.cloneNode(true) as Element;
+  clone.querySelectorAll('[hidden]').forEach(n => n.remove());
+  return clone.textContent ?? '';
+}
+
 describe('GpuPanel', () => {
-  it('renders one card per GPU with its processes and their kernel actions', () => {
+  it('renders one card per GPU with its meters, chart, processes and their kernel actions', () => {
     const panel = mounted();
     panel.setSnapshot(twoGpus());
     const cards = panel.node.querySelectorAll('.jp-gpuctx-card');
     expect(cards).toHaveLength(2);
     const first = cards[0] as HTMLElement;
+    expect(first.dataset.gpuctxDevice).toBe('GPU-aaaa');
     const heading = first.querySelector('h3')!;
     expect(heading.textContent).toBe('cuda:0 · NVIDIA H200');
     expect(first.getAttribute('aria-labelledby')).toBe(heading.id);
     expect(first.querySelector('.jp-gpuctx-meter-utilization .jp-gpuctx-meter-value')!.textContent).toBe('37%');
-    expect(first.querySelector('[role="meter"]')!.getAttribute('aria-valuenow')).toBe('37');
-    expect(first.querySelector('.jp-gpuctx-sparkline')!.getAttribute('aria-label')).toContain('over the last 2 min');
+    expect(first.querySelector('[data-gpuctx-meter="memory"] .jp-gpuctx-meter-value')!.textContent).toBe(
+      '12.1 GiB / 140 GiB'
+    );
+    const meters = first.querySelectorAll('[role="meter"]');
+    expect(meters[0].getAttribute('aria-valuenow')).toBe('37');
+    expect(meters[1].getAttribute('aria-valuetext')).toBe('12.1 GiB / 140 GiB');
+    // the bar sits on its own line under the label and value, in both meters alike
+    for (const meter of Array.from(first.querySelectorAll('.jp-gpuctx-meter'))) {
+      expect(Array.from(meter.children).map(c => c.className)).toEqual(['jp-gpuctx-meter-head', 'jp-gpuctx-meter-bar']);
+    }
+    const chart = first.querySelector('.jp-gpuctx-chart') as HTMLElement;
+    expect(chart.querySelector('[role="img"]')!.getAttribute('aria-label')).toContain('over the last 2 min');
+    expect(chart.querySelector('.jp-gpuctx-legend')!.textContent).toContain('Utilisation');
     const labels = Array.from(first.querySelectorAll('.jp-gpuctx-process-label')).map(n => n.textContent);
     expect(labels).toEqual(['train.ipynb', 'python (PID 77)']);
-    const buttons = Array.from(first.querySelectorAll('button')) as HTMLButtonElement[];
+    const buttons = Array.from(first.querySelectorAll('.jp-gpuctx-actions button')) as HTMLButtonElement[];
     expect(buttons.map(b => b.getAttribute('aria-label'))).toEqual([
       'Interrupt the kernel of train.ipynb',
       'Restart the kernel of train.ipynb',
@@ -45,23 +87,50 @@ describe('GpuPanel', () => {
     Widget.detach(panel);
   });
 
+  it('keeps UUIDs in tooltips, out of the visible text', () => {
+    const panel = mounted();
+    panel.setSnapshot(twoGpus());
+    const card = panel.node.querySelector('.jp-gpuctx-card') as HTMLElement;
+    expect(visibleText(card)).not.toContain('GPU-aaaa');
+    expect(card.querySelector('.jp-gpuctx-card-subtitle')!.textContent).toBe('nvidia-smi 1');
+    expect((card.querySelector('.jp-gpuctx-card-title') as HTMLElement).title).toContain('UUID GPU-aaaa');
+    Widget.detach(panel);
+  });
+
   it('updates cards in place, so a focused button keeps focus', () => {
     const panel = mounted();
     panel.setSnapshot(twoGpus(100));
     const button = panel.node.querySelector('.jp-gpuctx-card button') as HTMLButtonElement;
+    const chart = panel.node.querySelector('.jp-gpuctx-chart');
     button.focus();
     const next = twoGpus(101);
     next.devices[0].utilization = 80;
-    next.devices[0].processes![0].used_memory = 2 * 1024 ** 3;
+    next.devices[0].processes![0].used_memory = 2 * GIB;
     panel.setSnapshot(next);
     expect(document.activeElement).toBe(button);
     const card = panel.node.querySelector('.jp-gpuctx-card')!;
+    expect(card.querySelector('.jp-gpuctx-chart')).toBe(chart);
     expect(card.querySelector('.jp-gpuctx-meter-value')!.textContent).toBe('80%');
-    expect(card.querySelector('.jp-gpuctx-process-memory')!.textContent).toBe('2.0 GiB');
+    expect(card.querySelector('.jp-gpuctx-process-memory')!.textContent).toBe('2.00 GiB');
     Widget.detach(panel);
   });
 
-  it('says why there is no GPU, and drops the cards', () => {
+  it('warns on a memory meter above the threshold', () => {
+    const panel = mounted();
+    const snap = twoGpus();
+    snap.devices[0].memory_used = 0.95 * snap.devices[0].memory_total!;
+    panel.setSnapshot(snap);
+    const [first, second] = Array.from(panel.node.querySelectorAll('.jp-gpuctx-meter-memory')) as HTMLElement[];
+    expect(first.classList.contains('jp-gpuctx-mod-warn')).toBe(true);
+    expect(first.title).toContain('above the 90% warning threshold');
+    expect(first.querySelector('[role="meter"]')!.getAttribute('aria-valuetext')).toContain('above the 90% warning threshold');
+    expect(second.classList.contains('jp-gpuctx-mod-warn')).toBe(false);
+    panel.configure({ ...DEFAULT_SETTINGS, memoryWarningPercent: 99 });
+    expect(first.classList.contains('jp-gpuctx-mod-warn')).toBe(false);
+    Widget.detach(panel);
+  });
+
+  it('puts "No GPU" and its reason first, and drops the cards', () => {
     const panel = mounted();
     panel.setSnapshot(twoGpus());
     panel.setSnapshot({ ...NO_GPU, time: 200 });
@@ -69,31 +138,118 @@ describe('GpuPanel', () => {
     const note = panel.node.querySelector('.jp-gpuctx-nogpu') as HTMLElement;
     expect(note.hidden).toBe(false);
     expect(note.textContent).toBe('No GPU: NVML reports: libnvidia-ml.so.1 not found');
+    expect(note.getAttribute('role')).toBe('status');
+    const notebook = panel.node.querySelector('.jp-gpuctx-notebook')!;
+    expect(note.compareDocumentPosition(notebook) & Node.DOCUMENT_POSITION_FOLLOWING).toBeTruthy();
+    expect((panel.node.querySelector('.jp-gpuctx-compact-toggle') as HTMLElement).hidden).toBe(true);
     Widget.detach(panel);
   });
 
-  it('shows a replay banner whenever the data is a recorded trace', () => {
+  it('builds the replay banner once, as a status, with the file name and its full path in the tooltip', () => {
     const panel = mounted();
-    panel.setSnapshot({ ...twoGpus(), replay: { source: 'h200-trace.jsonl', recorded: '2025-06-01' } });
+    const replay = { source: '/work/main/tests/data/h200-trace.jsonl', recorded: '2026-11-29T18:53:45+0000' };
+    panel.setSnapshot({ ...twoGpus(100), replay });
     const banner = panel.node.querySelector('.jp-gpuctx-replay') as HTMLElement;
+    const strong = banner.querySelector('strong');
     expect(banner.hidden).toBe(false);
-    expect(banner.getAttribute('role')).toBe('alert');
+    expect(banner.getAttribute('role')).toBe('status');
     expect(banner.textContent).toContain('Replay of a recorded trace — not live data');
-    expect(banner.textContent).toContain('h200-trace.jsonl, recorded 2025-06-01');
+    expect(banner.textContent).toContain('h200-trace.jsonl, recorded 2026-11-29T18:53:45+0000');
+    const source = banner.querySelector('.jp-gpuctx-replay-source') as HTMLElement;
+    expect(source.textContent).toBe('h200-trace.jsonl');
+    expect(source.title).toBe('/work/main/tests/data/h200-trace.jsonl');
+    expect(banner.querySelector('.jp-gpuctx-replay-date')!.textContent).toBe('2026-11-29T18:53:45+0000');
+    expect(panel.hasClass('jp-gpuctx-mod-replay')).toBe(true);
+    panel.setSnapshot({ ...twoGpus(101), replay });
+    expect(banner.querySelector('strong')).toBe(strong); // not rebuilt
     panel.setSnapshot(twoGpus(300));
     expect(banner.hidden).toBe(true);
+    expect(panel.hasClass('jp-gpuctx-mod-replay')).toBe(false);
     Widget.detach(panel);
   });
 
-  it("shows the active notebook's kernel with its actions", () => {
+  it('dims stale data, says when the last update was, and says when the server is lost', () => {
     const panel = mounted();
-    panel.setNotebook(
-      { name: 'a.ipynb', path: 'x/a.ipynb', kernelId: 'k1', kernelName: 'Python 3', kernelStatus: 'busy' },
-      { status: 'ok', device: 0, device_source: "CUDA's default", memory: [], warmup: { state: 'done', total: 0.5 } }
-    );
+    panel.setSnapshot(twoGpus());
+    panel.setHealth(HEALTHY);
+    expect(panel.hasClass('jp-gpuctx-stale')).toBe(false);
+    expect((panel.node.querySelector('.jp-gpuctx-freshness') as HTMLElement).hidden).toBe(true);
+    const at = new Date(2025, 0, 1, 14, 3, 21).getTime();
+    panel.setHealth({ connection: 'waiting', attempts: 3, stale: true, lastUpdate: at, outage: true });
+    expect(panel.hasClass('jp-gpuctx-stale')).toBe(true);
+    const freshness = panel.node.querySelector('.jp-gpuctx-freshness') as HTMLElement;
+    expect(freshness.hidden).toBe(false);
+    expect(freshness.textContent).toBe('Last update 14:03:21');
+    expect(panel.node.querySelector('.jp-gpuctx-devices')!.getAttribute('aria-describedby')).toBe(freshness.id);
+    const outage = panel.node.querySelector('.jp-gpuctx-outage') as HTMLElement;
+    expect(outage.hidden).toBe(false);
+    expect(outage.textContent).toBe('Lost contact with the Jupyter server; retrying…');
+    expect(panel.node.querySelector('.jp-gpuctx-connection')!.textContent).toBe('reconnecting (attempt 3)…');
+    panel.setHealth(HEALTHY);
+    expect(panel.hasClass('jp-gpuctx-stale')).toBe(false);
+    expect(outage.hidden).toBe(true);
+    expect(panel.node.querySelector('.jp-gpuctx-connection')!.textContent).toBe('connected');
+    Widget.detach(panel);
+  });
+
+  it('shows one compact row per GPU above the threshold, switchable from the header', () => {
+    const panel = mounted();
+    panel.setSnapshot(manyGpus(4));
+    expect(panel.compact).toBe(false);
+    expect(panel.node.dataset.gpuctxCompact).toBeUndefined();
+    panel.setSnapshot(manyGpus(5, 101));
+    expect(panel.compact).toBe(true);
+    expect(panel.node.hasAttribute('data-gpuctx-compact')).toBe(true);
+    expect(panel.node.querySelectorAll('.jp-gpuctx-card')).toHaveLength(0);
+    const rows = Array.from(panel.node.querySelectorAll('.jp-gpuctx-compact-row')) as HTMLElement[];
+    expect(rows).toHaveLength(5);
+    const row = rows[0];
+    expect(row.dataset.gpuctxDevice).toBe('GPU-0000');
+    expect(row.querySelector('.jp-gpuctx-compact-name')!.textContent).toBe('cuda:0');
+    expect(row.querySelectorAll('.jp-gpuctx-meter-bar')).toHaveLength(2);
+    expect(row.querySelector('.jp-gpuctx-meter-memory .jp-gpuctx-meter-value')!.textContent).toBe('12.1 GiB');
+    expect(row.querySelector('.jp-gpuctx-compact-top')!.textContent).toBe('train.ipynb · 630 MiB (+1)');
+    expect(rows[1].querySelector('.jp-gpuctx-compact-top')!.textContent).toBe('no processes');
+    expect(visibleText(row)).not.toContain('GPU-0000');
+    expect(row.title).toContain('UUID GPU-0000');
+    // the toggle: cards again, and the choice sticks
+    const toggle = panel.node.querySelector('.jp-gpuctx-compact-toggle') as HTMLButtonElement;
+    expect(toggle.hidden).toBe(false);
+    expect(toggle.getAttribute('aria-pressed')).toBe('true');
+    toggle.click();
+    expect(panel.compact).toBe(false);
+    expect(toggle.getAttribute('aria-pressed')).toBe('false');
+    expect(panel.node.querySelectorAll('.jp-gpuctx-card')).toHaveLength(5);
+    expect(panel.node.querySelectorAll('.jp-gpuctx-compact-row')).toHaveLength(0);
+    panel.setSnapshot(manyGpus(5, 102));
+    expect(panel.compact).toBe(false);
+    toggle.click();
+    expect(panel.compact).toBe(true);
+    // the threshold is a setting
+    panel.setCompact(null);
+    panel.configure({ ...DEFAULT_SETTINGS, compactAbove: 8 });
+    expect(panel.compact).toBe(false);
+    Widget.detach(panel);
+  });
+
+  it("shows the active notebook's kernel with its actions, and the warm-up reason folded away", () => {
+    const panel = mounted();
+    const detail = 'imported torch only; no GPU is visible: NVML reports: libnvidia-ml.so.1 not found';
+    const info = { name: 'a.ipynb', path: 'x/a.ipynb', kernelId: 'k1', kernelName: 'Python 3', kernelStatus: 'busy' };
+    panel.setNotebook(info, { status: 'ok', device: null, memory: [], warmup: { state: 'skipped', detail } });
     const section = panel.node.querySelector('.jp-gpuctx-notebook')!;
     expect(section.querySelector('.jp-gpuctx-notebook-name')!.textContent).toBe('a.ipynb (Python 3, busy)');
-    expect(section.querySelector('dl')!.textContent).toContain("cuda:0 (CUDA's default)");
+    const details = section.querySelector('details') as HTMLDetailsElement;
+    expect(details.open).toBe(false);
+    expect(details.querySelector('summary')!.textContent).toBe('skipped');
+    expect(details.textContent).toContain(detail);
+    details.open = true;
+    // the next answer, with the same rows, leaves it as the user put it
+    panel.setNotebook(info, { status: 'ok', device: null, memory: [], warmup: { state: 'skipped', detail } });
+    expect((section.querySelector('details') as HTMLDetailsElement).open).toBe(true);
+    panel.setNotebook(info, { status: 'ok', device: null, memory: [], pooled: true, warmup: { state: 'skipped', detail } });
+    expect((section.querySelector('details') as HTMLDetailsElement).open).toBe(true);
+    expect(section.querySelector('dl')!.textContent).toContain('from the warm pool');
     expect(section.querySelectorAll('button')).toHaveLength(3);
     panel.setNotebook(null, null);
     expect(section.querySelectorAll('button')).toHaveLength(0);

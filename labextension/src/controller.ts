@@ -1,0 +1,506 @@
+/**
+ * What the page knows and when it asks: the one GPU stream, the history fed from it, the
+ * active notebook and its kernel's own GPU view, whether the data is stale, and the kernel
+ * actions. The panel and the status bar only draw what this holds.
+ *
+ * The kernel's view is a control-channel round trip, so it is asked through a `@lumino/polling`
+ * `Poll`: every few seconds while someone looks (the panel is visible, or the status-bar item is
+ * shown), on standby while the browser tab is hidden, backing off (capped) while the server does
+ * not answer, and not at all once the server says the kernel is gone (404). Its clock, timers and
+ * randomness are injected, as the stream's are, so all of this is tested without a browser or a
+ * server (the poll's own timers are the global ones, which tests replace with fake ones).
+ *
+ * The back-off is ours (backoff.ts), set as the poll's interval after each answer: the poll's
+ * built-in one draws each wait at random between the last wait × 3 and the base interval, and
+ * after an immediate first request (the last wait is 0) that range reaches down to 1 ms.
+ */
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import { actionSpec, actionWording, IActionWording, IKernelActionSpec } from './actions';
+import { backoffDelay, IBackoffOptions } from './backoff';
+import { DeviceHistory } from './history';
+import { IStatusView, OUTAGE_TEXT, statusView } from './model';
+import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
+import { GpuStream, StreamState } from './stream';
+import { IKernelView, ISnapshot, KernelAction } from './types';
+
+/** The notebook in the main area's active tab, and its kernel. */
+export interface INotebookRef {
+  name: string;
+  path: string;
+  kernelId: string | null;
+  kernelName: string | null;
+  kernelStatus: string | null;
+}
+
+/** Where the controller learns which notebook is active (JupyterLab's shell, or a fake). */
+export interface INotebookSource {
+  /** The active tab's notebook; null when the active tab is not a notebook (Settings, a terminal). */
+  current(): INotebookRef | null;
+  /** Emitted when the active tab, or its notebook's kernel, path or status, may have changed. */
+  readonly changed: ISignal<unknown, void>;
+}
+
+/** A kernel action asked for by a button; the controller confirms it and calls the server. */
+export interface IActionRequest {
+  kernelId: string;
+  action: KernelAction;
+  /** What the confirmation names: the notebook or process. */
+  label: string;
+}
+
+/** How fresh the data is and whether the server answers. */
+export interface IHealth {
+  connection: StreamState;
+  /** Reconnect attempts that failed in a row. */
+  attempts: number;
+  /** The last snapshot is older than two stream intervals. */
+  stale: boolean;
+  /** When the last snapshot arrived, ms since the epoch (the browser's clock). */
+  lastUpdate: number | null;
+  /** The server does not answer (the stream is retrying, or a kernel-view request failed). */
+  outage: boolean;
+}
+
+export interface IControllerOptions {
+  stream: GpuStream;
+  history: DeviceHistory;
+  /** Null where there is no notebook tracker: no notebook section, no status item. */
+  notebooks: INotebookSource | null;
+  fetchKernelView: (kernelId: string) => Promise<IKernelView>;
+  /** `POST …/kernels/<id>/<api>`. */
+  kernelAction: (kernelId: string, api: string) => Promise<unknown>;
+  /** Ask the user; true to go ahead. */
+  confirm: (wording: IActionWording, spec: IKernelActionSpec) => Promise<boolean>;
+  reportError: (title: string, message: string) => unknown;
+  /** Milliseconds since the epoch. */
+  now?: () => number;
+  setTimeout?: (fn: () => void, ms: number) => unknown;
+  clearTimeout?: (handle: unknown) => void;
+  /** How often the kernel's view is asked while it is needed, ms. */
+  kernelViewPeriod?: number;
+  /** The longest wait between kernel-view requests while the server does not answer, ms. */
+  kernelViewMaxBackoff?: number;
+  /** 0..1, for the back-off's jitter. */
+  random?: () => number;
+}
+
+/** The kernel's view is asked over its control channel: not more often than this (ms). */
+export const KERNEL_VIEW_PERIOD = 5000;
+export const KERNEL_VIEW_MAX_BACKOFF = 30000;
+
+/** The HTTP status of a failed request, or null when the server did not answer at all. */
+export function httpStatus(err: unknown): number | null {
+  const status = (err as { response?: { status?: unknown } } | null)?.response?.status;
+  return typeof status === 'number' ? status : null;
+}
+
+/** A failure in words a person can act on (never the browser's "TypeError: Failed to fetch"). */
+export function describeFailure(err: unknown): string {
+  if (httpStatus(err) === null) {
+    return 'The Jupyter server did not answer: check that it is still running, then try again.';
+  }
+  return err instanceof Error && err.message ? err.message : String(err);
+}
+
+export class GpuController {
+  constructor(private _options: IControllerOptions) {
+    this._now = _options.now ?? (() => Date.now());
+    this._setTimeout = _options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
+    this._clearTimeout = _options.clearTimeout ?? (h => clearTimeout(h as ReturnType<typeof setTimeout>));
+    const period = _options.kernelViewPeriod ?? KERNEL_VIEW_PERIOD;
+    this._backoff = {
+      initial: period,
+      factor: 2,
+      max: Math.max(period, _options.kernelViewMaxBackoff ?? KERNEL_VIEW_MAX_BACKOFF),
+      jitter: 0.2
+    };
+    this._poll = new Poll<void>({
+      auto: false,
+      factory: () => this._askKernel(),
+      name: 'gpuctx:kernel-view',
+      standby: 'when-hidden'
+    });
+    // Set after construction (the constructor would raise a ceiling below 30 s to 30 s).
+    this._poll.frequency = { interval: period, backoff: false, max: this._backoff.max };
+    _options.stream.snapshotChanged.connect(this._onSnapshot, this);
+    _options.stream.stateChanged.connect(this._onStreamState, this);
+    _options.notebooks?.changed.connect(this._onNotebookChanged, this);
+    this._notebook = _options.notebooks?.current() ?? null;
+    this._viewKernel = this._notebook?.kernelId ?? null;
+    this._reconcile();
+  }
+
+  get history(): DeviceHistory {
+    return this._options.history;
+  }
+
+  get settings(): IGpuSettings {
+    return this._settings;
+  }
+
+  get snapshot(): ISnapshot | null {
+    return this._options.stream.snapshot;
+  }
+
+  get notebook(): INotebookRef | null {
+    return this._notebook;
+  }
+
+  /** The active notebook's kernel's own answer; null until it has answered. */
+  get kernelView(): IKernelView | null {
+    return this._kernelView;
+  }
+
+  get health(): IHealth {
+    const stream = this._options.stream;
+    return {
+      connection: stream.state,
+      attempts: stream.attempts,
+      stale: this._stale,
+      lastUpdate: this._receivedAt,
+      outage: stream.state === 'waiting' || this._unreachable
+    };
+  }
+
+  /** The status-bar item is shown: the setting is on and the active tab is a notebook. */
+  get statusShown(): boolean {
+    return this._settings.showStatusBar && this._notebook !== null;
+  }
+
+  /** Whether the kernel-view poll is running (not stopped, not disposed). */
+  get polling(): boolean {
+    const phase = this._poll.state.phase;
+    return phase !== 'stopped' && phase !== 'constructed' && phase !== 'disposed';
+  }
+
+  /** A new snapshot arrived (the history already holds it). */
+  get snapshotChanged(): ISignal<this, ISnapshot> {
+    return this._snapshotChanged;
+  }
+
+  /** The active notebook, its kernel or the kernel's view changed. */
+  get notebookChanged(): ISignal<this, void> {
+    return this._notebookChanged;
+  }
+
+  /** The connection, staleness or outage changed. */
+  get healthChanged(): ISignal<this, IHealth> {
+    return this._healthChanged;
+  }
+
+  /** `statusShown` changed. */
+  get statusShownChanged(): ISignal<this, void> {
+    return this._statusShownChanged;
+  }
+
+  /** The status-bar item as it should read now. */
+  statusView(): IStatusView {
+    const health = this.health;
+    return statusView({
+      snapshot: this.snapshot,
+      kernelId: this._notebook?.kernelId ?? null,
+      kernelView: this._kernelView,
+      warnPercent: this._settings.memoryWarningPercent,
+      stale: health.stale,
+      lastUpdate: health.lastUpdate,
+      outage: health.outage
+    });
+  }
+
+  configure(settings: IGpuSettings): void {
+    const shown = this.statusShown;
+    this._settings = settings;
+    this._options.history.configure(settings.historyLength, settings.refreshRate);
+    this._options.stream.setInterval(settings.refreshRate);
+    if (shown !== this.statusShown) {
+      this._statusShownChanged.emit();
+    }
+    this._reconcile();
+    this._checkStale();
+  }
+
+  setPanelVisible(visible: boolean): void {
+    if (visible !== this._panelVisible) {
+      this._panelVisible = visible;
+      this._reconcile();
+    }
+  }
+
+  /** Ask the active notebook's kernel now (after an action, or when the server is back). */
+  refreshKernelView(): void {
+    if (this._kernelViewWanted()) {
+      void this._poll.refresh();
+    }
+  }
+
+  /** Confirm, then act. Resolves to whether the action was sent; a refusal is reported, not thrown. */
+  async runAction(request: IActionRequest): Promise<boolean> {
+    const spec = actionSpec(request.action);
+    const wording = actionWording(request.action, request.label);
+    if (!(await this._options.confirm(wording, spec))) {
+      return false;
+    }
+    let done = false;
+    try {
+      await this._options.kernelAction(request.kernelId, spec.api);
+      done = true;
+    } catch (err) {
+      await this._options.reportError(wording.failure, describeFailure(err));
+    }
+    if (done && request.action === 'shutdown') {
+      // Gone for sure: not one more request (its 404 would land in the browser's console).
+      this._markGone(request.kernelId);
+    } else if (request.kernelId === this._notebook?.kernelId) {
+      this._setKernelView(request.kernelId, null);
+      this.refreshKernelView();
+    }
+    return true;
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this._poll.dispose();
+    this._clearWatchdog();
+    this._options.stream.demand('panel', false);
+    this._options.stream.demand('statusbar', false);
+    Signal.disconnectAll(this);
+  }
+
+  get isDisposed(): boolean {
+    return this._disposed;
+  }
+
+  // ---- the stream and staleness ----
+
+  private _onSnapshot(_: GpuStream, snapshot: ISnapshot): void {
+    this._options.history.addSnapshot(snapshot);
+    this._receivedAt = this._now();
+    this._armWatchdog(); // fresh again, and stale two intervals from now unless another comes
+    this._snapshotChanged.emit(snapshot);
+  }
+
+  private _onStreamState(_: GpuStream, state: StreamState): void {
+    if (state === 'open' && this._unreachable) {
+      this.refreshKernelView(); // the server is back: do not wait out the back-off
+    }
+    this._armWatchdog();
+    this._emitHealth();
+  }
+
+  /** Two intervals of the stream, in ms: data older than this is stale. */
+  private _staleAfter(): number {
+    const stream = this._options.stream;
+    return 2 * (stream.grantedInterval ?? stream.interval) * 1000;
+  }
+
+  private _checkStale(): void {
+    const stale = this._receivedAt !== null && this._now() - this._receivedAt > this._staleAfter();
+    if (stale !== this._stale) {
+      this._stale = stale;
+      this._emitHealth();
+    }
+  }
+
+  /** Wake up when the last snapshot turns stale, while anyone needs data. */
+  private _armWatchdog(): void {
+    this._clearWatchdog();
+    this._checkStale();
+    if (this._receivedAt === null || this._stale || !this._options.stream.wanted || this._disposed) {
+      return;
+    }
+    const due = Math.max(0, this._receivedAt + this._staleAfter() - this._now()) + 1;
+    this._watchdog = this._setTimeout(() => {
+      this._watchdog = null;
+      this._armWatchdog();
+    }, due);
+  }
+
+  private _clearWatchdog(): void {
+    if (this._watchdog !== null) {
+      this._clearTimeout(this._watchdog);
+      this._watchdog = null;
+    }
+  }
+
+  private _emitHealth(): void {
+    if (!this._disposed) {
+      this._healthChanged.emit(this.health);
+    }
+  }
+
+  // ---- the active notebook ----
+
+  private _onNotebookChanged(): void {
+    const next = this._options.notebooks?.current() ?? null;
+    const prev = this._notebook;
+    const shown = this.statusShown;
+    this._notebook = next;
+    const kernelId = next?.kernelId ?? null;
+    const switched = kernelId !== this._viewKernel;
+    if (switched) {
+      this._setKernelView(kernelId, null, false);
+      this._setUnreachable(false);
+    }
+    if (shown !== this.statusShown) {
+      this._statusShownChanged.emit();
+    }
+    this._reconcile(switched);
+    if (switched || !sameNotebook(prev, next)) {
+      this._notebookChanged.emit();
+    }
+  }
+
+  // ---- the kernel's own view ----
+
+  private _kernelViewWanted(): boolean {
+    const kernelId = this._notebook?.kernelId;
+    return !this._disposed && !!kernelId && !this._gone.has(kernelId) && (this._panelVisible || this.statusShown);
+  }
+
+  /** Open or close the stream and start or stop the poll to match who needs data now. */
+  private _reconcile(askNow = false): void {
+    if (this._disposed) {
+      return;
+    }
+    this._options.stream.demand('panel', this._panelVisible);
+    this._options.stream.demand('statusbar', this.statusShown);
+    this._armWatchdog();
+    if (!this._kernelViewWanted()) {
+      if (this.polling) {
+        void this._poll.stop();
+      }
+      return;
+    }
+    const phase = this._poll.state.phase;
+    if (phase === 'constructed' || phase === 'stopped') {
+      void this._poll.start();
+    } else if (askNow) {
+      void this._poll.refresh();
+    }
+  }
+
+  /**
+   * The poll's factory: one request. It never rejects: the wait before the next request is set
+   * here, back to the period after an answer, growing (capped) while the server does not answer.
+   */
+  private async _askKernel(): Promise<void> {
+    const kernelId = this._notebook?.kernelId ?? null;
+    if (!kernelId || !this._kernelViewWanted()) {
+      return;
+    }
+    let view: IKernelView;
+    try {
+      view = await this._options.fetchKernelView(kernelId);
+    } catch (err) {
+      if (this._notebook?.kernelId !== kernelId) {
+        return; // the user moved on; the new kernel is asked separately
+      }
+      const status = httpStatus(err);
+      if (status === 404) {
+        // Shut down (in another tab, or culled): nothing more to ask until the notebook has
+        // another kernel.
+        this._setUnreachable(false);
+        this._setNextWait(false);
+        this._markGone(kernelId);
+        return;
+      }
+      if (status === null) {
+        // No answer at all: keep the last answer on show (the panel says it is stale), back off.
+        this._setUnreachable(true);
+        this._setNextWait(true);
+        if (this._kernelView === null) {
+          this._setKernelView(kernelId, { kernel_id: kernelId, status: 'unreachable', reason: OUTAGE_TEXT });
+        }
+        return;
+      }
+      // The server's own refusal, in its words; a server error (5xx) is retried more slowly.
+      this._setUnreachable(false);
+      this._setNextWait(status >= 500);
+      this._setKernelView(kernelId, { kernel_id: kernelId, status: 'error', reason: describeFailure(err) });
+      return;
+    }
+    if (this._notebook?.kernelId === kernelId) {
+      this._setUnreachable(false);
+      this._setNextWait(false);
+      this._setKernelView(kernelId, view);
+    }
+  }
+
+  /** The wait before the next request: the period, or the next back-off step after a failure. */
+  private _setNextWait(failed: boolean): void {
+    this._failures = failed ? this._failures + 1 : 0;
+    const interval = failed
+      ? backoffDelay(this._failures - 1, this._backoff, this._options.random)
+      : this._backoff.initial;
+    if (this._poll.frequency.interval !== interval) {
+      this._poll.frequency = { interval, backoff: false, max: this._backoff.max };
+    }
+  }
+
+  /** The kernel no longer exists: never ask for it again. */
+  private _markGone(kernelId: string): void {
+    this._gone.add(kernelId);
+    if (kernelId === this._notebook?.kernelId) {
+      this._setKernelView(kernelId, { kernel_id: kernelId, status: 'gone', reason: 'the kernel is no longer running' });
+    }
+    this._reconcile();
+  }
+
+  private _setKernelView(kernelId: string | null, view: IKernelView | null, emit = true): void {
+    this._viewKernel = kernelId;
+    this._kernelView = view;
+    if (emit && !this._disposed) {
+      this._notebookChanged.emit();
+    }
+  }
+
+  private _setUnreachable(value: boolean): void {
+    if (value !== this._unreachable) {
+      this._unreachable = value;
+      this._emitHealth();
+    }
+  }
+
+  private _now: () => number;
+  private _setTimeout: (fn: () => void, ms: number) => unknown;
+  private _clearTimeout: (handle: unknown) => void;
+  private _poll: Poll<void>;
+  private _backoff: IBackoffOptions;
+  /** Kernel-view requests that got no answer in a row. */
+  private _failures = 0;
+  private _settings: IGpuSettings = DEFAULT_SETTINGS;
+  private _panelVisible = false;
+  private _notebook: INotebookRef | null = null;
+  private _kernelView: IKernelView | null = null;
+  /** The kernel the view belongs to. */
+  private _viewKernel: string | null = null;
+  /** Kernels the server answered 404 for: never asked again. */
+  private _gone = new Set<string>();
+  private _unreachable = false;
+  private _receivedAt: number | null = null;
+  private _stale = false;
+  private _watchdog: unknown = null;
+  private _disposed = false;
+  private _snapshotChanged = new Signal<this, ISnapshot>(this);
+  private _notebookChanged = new Signal<this, void>(this);
+  private _healthChanged = new Signal<this, IHealth>(this);
+  private _statusShownChanged = new Signal<this, void>(this);
+}
+
+function sameNotebook(a: INotebookRef | null, b: INotebookRef | null): boolean {
+  if (a === null || b === null) {
+    return a === b;
+  }
+  return (
+    a.path === b.path &&
+    a.name === b.name &&
+    a.kernelId === b.kernelId &&
+    a.kernelName === b.kernelName &&
+    a.kernelStatus === b.kernelStatus
+  );
+}

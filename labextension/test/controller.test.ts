@@ -1,0 +1,388 @@
+/**
+ * The controller against a fake notebook source, a real GpuStream on fake sockets, fake kernel
+ * views and fake timers (the kernel-view Poll's timers are the global ones, which vitest fakes).
+ */
+import { Signal } from '@lumino/signaling';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
+
+import { GpuController, IControllerOptions, INotebookRef, INotebookSource } from '../src/controller';
+import { DeviceHistory } from '../src/history';
+import { DEFAULT_SETTINGS } from '../src/settings';
+import { GpuStream, ISocket } from '../src/stream';
+import { IKernelView } from '../src/types';
+import { twoGpus } from './fixtures';
+
+class FakeSocket implements ISocket {
+  onopen: ((ev: unknown) => void) | null = null;
+  onmessage: ((ev: { data: unknown }) => void) | null = null;
+  onclose: ((ev: unknown) => void) | null = null;
+  onerror: ((ev: unknown) => void) | null = null;
+  closed = false;
+  close(): void {
+    this.closed = true;
+  }
+  open(): void {
+    this.onopen?.({});
+  }
+  send(msg: object): void {
+    this.onmessage?.({ data: JSON.stringify(msg) });
+  }
+  drop(): void {
+    this.onclose?.({});
+  }
+}
+
+class FakeNotebooks implements INotebookSource {
+  nb: INotebookRef | null = null;
+  readonly changed = new Signal<this, void>(this);
+  current(): INotebookRef | null {
+    return this.nb;
+  }
+  show(nb: INotebookRef | null): void {
+    this.nb = nb;
+    this.changed.emit();
+  }
+}
+
+function notebook(kernelId: string | null, name = 'train.ipynb'): INotebookRef {
+  return { name, path: `work/${name}`, kernelId, kernelName: 'Python 3', kernelStatus: 'idle' };
+}
+
+/** An error as @jupyterlab/services throws it: with `.response.status` when the server answered. */
+function httpError(status: number, message: string): Error {
+  return Object.assign(new Error(message), { response: { status } });
+}
+
+const OK: IKernelView = { status: 'ok', device: 0, device_source: 'the server (least-used)', memory: [] };
+
+type Answer = (kernelId: string) => Promise<IKernelView>;
+
+function setup(over: Partial<IControllerOptions> = {}) {
+  const sockets: FakeSocket[] = [];
+  const stream = new GpuStream({
+    url: i => `ws://x/gpuctx/api/stream?interval=${i}`,
+    openSocket: () => {
+      const s = new FakeSocket();
+      sockets.push(s);
+      return s;
+    },
+    interval: 1,
+    random: () => 0
+  });
+  const notebooks = new FakeNotebooks();
+  const requests: { kernelId: string; at: number }[] = [];
+  let answer: Answer = async () => OK;
+  const actions: [string, string][] = [];
+  const errors: [string, string][] = [];
+  let confirmed = true;
+  const controller = new GpuController({
+    stream,
+    history: new DeviceHistory(120, 1),
+    notebooks,
+    fetchKernelView: kernelId => {
+      requests.push({ kernelId, at: Date.now() });
+      return answer(kernelId);
+    },
+    kernelAction: async (kernelId, api) => {
+      actions.push([kernelId, api]);
+      return { status: 'ok' };
+    },
+    confirm: async () => confirmed,
+    reportError: (title, message) => errors.push([title, message]),
+    random: () => 0,
+    ...over
+  });
+  return {
+    controller,
+    stream,
+    sockets,
+    notebooks,
+    requests,
+    actions,
+    errors,
+    answer: (a: Answer) => {
+      answer = a;
+    },
+    confirm: (yes: boolean) => {
+      confirmed = yes;
+    },
+    /** The gaps between kernel-view requests, ms. */
+    gaps: () => requests.slice(1).map((r, i) => r.at - requests[i].at)
+  };
+}
+
+beforeEach(() => {
+  vi.useFakeTimers();
+  vi.setSystemTime(new Date(2025, 0, 1, 12, 0, 0));
+});
+
+afterEach(() => {
+  vi.useRealTimers();
+});
+
+describe('GpuController: the kernel-view poll', () => {
+  it("asks the active notebook's kernel at once, then every 5 s while someone looks", async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests.map(r => r.kernelId)).toEqual(['k1']);
+    expect(t.controller.kernelView).toEqual(OK);
+    await vi.advanceTimersByTimeAsync(15000);
+    expect(t.requests).toHaveLength(4);
+    expect(t.gaps()).toEqual([5000, 5000, 5000]);
+    // nobody looks: the status item is turned off and the panel is hidden
+    t.controller.configure({ ...DEFAULT_SETTINGS, showStatusBar: false });
+    expect(t.controller.polling).toBe(false);
+    await vi.advanceTimersByTimeAsync(60000);
+    expect(t.requests).toHaveLength(4);
+    // the panel is shown: asked again at once
+    t.controller.setPanelVisible(true);
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests).toHaveLength(5);
+    t.controller.dispose();
+  });
+
+  it('does not ask for a notebook without a kernel, nor on a non-notebook tab', async () => {
+    const t = setup();
+    t.notebooks.show(notebook(null));
+    t.controller.setPanelVisible(true);
+    await vi.advanceTimersByTimeAsync(20000);
+    expect(t.requests).toHaveLength(0);
+    expect(t.controller.statusShown).toBe(true);
+    t.notebooks.show(null); // Settings is the active tab
+    expect(t.controller.statusShown).toBe(false);
+    expect(t.controller.polling).toBe(false);
+    t.controller.dispose();
+  });
+
+  it('stops asking once the server says the kernel is gone (404)', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    t.answer(async () => {
+      throw httpError(404, "no kernel 'k1' on this server");
+    });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests).toHaveLength(1);
+    expect(t.controller.kernelView?.status).toBe('gone');
+    expect(t.controller.polling).toBe(false);
+    await vi.advanceTimersByTimeAsync(120000);
+    expect(t.requests).toHaveLength(1);
+    // showing the panel does not revive it
+    t.controller.setPanelVisible(true);
+    await vi.advanceTimersByTimeAsync(30000);
+    expect(t.requests).toHaveLength(1);
+    // a new kernel in the same notebook is asked again
+    t.answer(async () => OK);
+    t.notebooks.show(notebook('k2'));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests.map(r => r.kernelId)).toEqual(['k1', 'k2']);
+    expect(t.controller.polling).toBe(true);
+    t.controller.dispose();
+  });
+
+  it('after "Shut down" (confirmed) asks no more; Cancel leaves the kernel alone', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    t.confirm(false);
+    expect(await t.controller.runAction({ kernelId: 'k1', action: 'shutdown', label: 'train.ipynb' })).toBe(false);
+    expect(t.actions).toEqual([]); // Cancel leaves the kernel alone
+    expect(t.controller.polling).toBe(true);
+    t.confirm(true);
+    expect(await t.controller.runAction({ kernelId: 'k1', action: 'shutdown', label: 'train.ipynb' })).toBe(true);
+    expect(t.actions).toEqual([['k1', 'shutdown']]);
+    expect(t.controller.kernelView?.status).toBe('gone');
+    expect(t.controller.polling).toBe(false);
+    await vi.advanceTimersByTimeAsync(60000);
+    expect(t.requests).toHaveLength(1); // not one request (and no 404 in the console) after it
+    // the status bar names no GPU for it any more
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    expect(t.controller.statusView()).toMatchObject({ state: 'no-kernel', text: 'GPU –' });
+    t.controller.dispose();
+  });
+
+  it('asks again at once after a restart or an interrupt', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    await t.controller.runAction({ kernelId: 'k1', action: 'restart', label: 'train.ipynb' });
+    expect(t.controller.kernelView).toBeNull(); // "asking the kernel…" until it answers
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests).toHaveLength(2);
+    expect(t.controller.kernelView).toEqual(OK);
+    t.controller.dispose();
+  });
+
+  it('reports a refused action in the server’s words, and a lost server in plain words', async () => {
+    const t = setup({
+      kernelAction: async () => {
+        throw httpError(403, 'kernel actions are turned off on this server');
+      }
+    });
+    await t.controller.runAction({ kernelId: 'k9', action: 'restart', label: 'a.ipynb' });
+    expect(t.errors).toEqual([['Could not restart the kernel of a.ipynb', 'kernel actions are turned off on this server']]);
+    const u = setup({
+      kernelAction: async () => {
+        throw new TypeError('Failed to fetch');
+      }
+    });
+    await u.controller.runAction({ kernelId: 'k9', action: 'interrupt', label: 'a.ipynb' });
+    expect(u.errors[0][1]).not.toContain('Failed to fetch');
+    expect(u.errors[0][1]).toContain('The Jupyter server did not answer');
+    t.controller.dispose();
+    u.controller.dispose();
+  });
+
+  it('backs off while the server does not answer, capped at 30 s, and is back at once when it returns', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    t.answer(async () => {
+      throw new TypeError('Failed to fetch');
+    });
+    await vi.advanceTimersByTimeAsync(5000 + 5000 + 10000 + 20000 + 30000 + 30000);
+    expect(t.gaps()).toEqual([5000, 5000, 10000, 20000, 30000, 30000]);
+    expect(t.controller.health.outage).toBe(true);
+    // the last good answer stays on show, never the browser's error text
+    expect(t.controller.kernelView).toEqual(OK);
+    // the stream reconnects: the kernel is asked at once, not 30 s later
+    t.answer(async () => OK);
+    t.stream.demand('test', true);
+    const before = t.requests.length;
+    t.sockets[t.sockets.length - 1].open();
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests).toHaveLength(before + 1);
+    expect(t.controller.health.outage).toBe(false);
+    await vi.advanceTimersByTimeAsync(5000);
+    expect(t.requests).toHaveLength(before + 2); // the period again
+    t.controller.dispose();
+  });
+
+  it('says the server is unreachable, never "Failed to fetch", when it never answered', async () => {
+    const t = setup();
+    t.answer(async () => {
+      throw new TypeError('Failed to fetch');
+    });
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.kernelView?.status).toBe('unreachable');
+    expect(JSON.stringify(t.controller.kernelView)).not.toContain('Failed to fetch');
+    t.controller.dispose();
+  });
+
+  it('switches notebooks: asks the new kernel at once and drops a late answer for the old one', async () => {
+    const t = setup();
+    let release: (v: IKernelView) => void = () => undefined;
+    t.answer(kernelId =>
+      kernelId === 'k1' ? new Promise<IKernelView>(resolve => (release = resolve)) : Promise.resolve({ ...OK, device: 1 })
+    );
+    t.notebooks.show(notebook('k1', 'a.ipynb'));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests.map(r => r.kernelId)).toEqual(['k1']);
+    const changes: (string | null)[] = [];
+    t.controller.notebookChanged.connect(() => changes.push(t.controller.notebook?.name ?? null));
+    t.notebooks.show(notebook('k2', 'b.ipynb'));
+    expect(t.controller.kernelView).toBeNull(); // nothing of a.ipynb's kernel shown for b.ipynb
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.requests.map(r => r.kernelId)).toEqual(['k1', 'k2']);
+    expect(t.controller.kernelView?.device).toBe(1);
+    release({ ...OK, device: 0 }); // a.ipynb's kernel answers late
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.kernelView?.device).toBe(1);
+    expect(changes[0]).toBe('b.ipynb');
+    // from now on only k2 is asked
+    await vi.advanceTimersByTimeAsync(10000);
+    expect(new Set(t.requests.slice(2).map(r => r.kernelId))).toEqual(new Set(['k2']));
+    t.controller.dispose();
+  });
+});
+
+describe('GpuController: the stream, staleness and the status bar', () => {
+  it('opens the stream for the panel or the status item, and feeds the history', () => {
+    const t = setup();
+    expect(t.sockets).toHaveLength(0);
+    t.notebooks.show(notebook('k1'));
+    expect(t.sockets).toHaveLength(1); // the status item is shown for a notebook
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    expect(t.controller.history.points('GPU-aaaa')).toHaveLength(1);
+    t.notebooks.show(null);
+    expect(t.sockets[0].closed).toBe(true);
+    t.controller.dispose();
+  });
+
+  it('marks the data stale after two intervals without a snapshot, and fresh on the next', async () => {
+    const t = setup();
+    const health: boolean[] = [];
+    t.controller.healthChanged.connect((_, h) => health.push(h.stale));
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'hello', interval: 1 });
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    const received = Date.now();
+    await vi.advanceTimersByTimeAsync(1999);
+    expect(t.controller.health.stale).toBe(false);
+    await vi.advanceTimersByTimeAsync(2);
+    expect(t.controller.health.stale).toBe(true);
+    expect(t.controller.health.lastUpdate).toBe(received);
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(103) });
+    expect(t.controller.health.stale).toBe(false);
+    expect(health.filter((v, i) => i === 0 || v !== health[i - 1])).toEqual([false, true, false]);
+    t.controller.dispose();
+  });
+
+  it('uses the interval the server granted', async () => {
+    const t = setup();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'hello', interval: 5 });
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    await vi.advanceTimersByTimeAsync(9000);
+    expect(t.controller.health.stale).toBe(false);
+    await vi.advanceTimersByTimeAsync(1001);
+    expect(t.controller.health.stale).toBe(true);
+    t.controller.dispose();
+  });
+
+  it('reports an outage while the stream retries, and reconnects within seconds', async () => {
+    const t = setup();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].drop();
+    expect(t.controller.health).toMatchObject({ connection: 'waiting', outage: true });
+    for (let i = 1; i < 8; i++) {
+      await vi.advanceTimersByTimeAsync(5000); // capped back-off: at least one attempt every 5 s
+      expect(t.sockets.length).toBeGreaterThan(i);
+      t.sockets[t.sockets.length - 1].drop();
+    }
+    await vi.advanceTimersByTimeAsync(5000);
+    t.sockets[t.sockets.length - 1].open();
+    expect(t.controller.health).toMatchObject({ connection: 'open', outage: false });
+    t.controller.dispose();
+  });
+
+  it('names the GPU in the status bar only once the kernel shows it uses one', async () => {
+    const t = setup();
+    t.answer(async () => ({ status: 'ok', device: null, cuda_started: [], memory: [] }));
+    t.notebooks.show(notebook('k-new'));
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    expect(t.controller.statusView().text).toBe('GPU …'); // not asked yet
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.statusView()).toMatchObject({ state: 'none', text: 'GPU –' });
+    t.answer(async () => ({ status: 'ok', device: null, cuda_started: ['torch'], memory: [] }));
+    await vi.advanceTimersByTimeAsync(5000);
+    expect(t.controller.statusView()).toMatchObject({ state: 'gpu', text: 'GPU0 37% 12.1G' });
+    t.controller.dispose();
+  });
+
+  it('stops everything when disposed', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    t.controller.dispose();
+    expect(t.sockets[0].closed).toBe(true);
+    await vi.advanceTimersByTimeAsync(60000);
+    expect(t.requests).toHaveLength(1);
+  });
+});

@@ -1,0 +1,49 @@
+// @vitest-environment jsdom
+import { describe, expect, it } from 'vitest';
+
+import { IStatusView } from '../src/model';
+import { GpuStatusItem } from '../src/statusitem';
+
+const GPU: IStatusView = {
+  state: 'gpu',
+  text: 'GPU0 37% 12.1G',
+  description: "This notebook's GPU: cuda:0 NVIDIA H200. Click to open the GPU panel.",
+  replay: false,
+  warn: false,
+  stale: false,
+  deviceKey: 'GPU-aaaa'
+};
+
+describe('GpuStatusItem', () => {
+  it('starts by waiting for the server, and opens the panel on click', () => {
+    let clicked = 0;
+    const item = new GpuStatusItem(() => clicked++);
+    const button = item.node.querySelector('button')!;
+    expect(button.textContent).toBe('GPU …');
+    expect(item.node.dataset.gpuctxState).toBe('waiting');
+    button.click();
+    expect(clicked).toBe(1);
+  });
+
+  it("draws the notebook's GPU, the replay badge, the warning and stale data", () => {
+    const item = new GpuStatusItem(() => undefined);
+    const button = item.node.querySelector('button')!;
+    item.render(GPU);
+    expect(button.textContent).toBe('GPU0 37% 12.1G');
+    expect(button.getAttribute('aria-label')).toBe(GPU.description);
+    expect(button.title).toBe(GPU.description);
+    expect(item.node.dataset.gpuctxDevice).toBe('GPU-aaaa');
+    item.render({ ...GPU, replay: true, warn: true, stale: true });
+    expect(button.textContent).toBe('GPU0 37% 12.1G (replay)');
+    expect(item.node.querySelector('.jp-gpuctx-status-replay')!.textContent).toBe('(replay)');
+    expect(item.hasClass('jp-gpuctx-mod-replay')).toBe(true);
+    expect(item.hasClass('jp-gpuctx-mod-warn')).toBe(true);
+    expect(item.hasClass('jp-gpuctx-stale')).toBe(true);
+    item.render({ ...GPU, state: 'none', text: 'GPU –', deviceKey: null });
+    expect(button.textContent).toBe('GPU –');
+    expect(item.node.dataset.gpuctxState).toBe('none');
+    expect(item.node.dataset.gpuctxDevice).toBeUndefined();
+    expect(item.hasClass('jp-gpuctx-mod-warn')).toBe(false);
+    expect(item.hasClass('jp-gpuctx-stale')).toBe(false);
+  });
+});
