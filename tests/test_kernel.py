@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from .harness.kernels import run, start, stop
+from .harness.kernels import reply_to, run, start, stop
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,22 @@ def test_on_gpu_runs_cell_and_interrupt_restores(kernel):
     assert r.stdout.strip() == "True None"
 
 
+def test_doctor_names_a_cpu_only_torch_before_it_is_imported(kernel):
+    _, kc = kernel
+    r = run(kc, "%gpu doctor\nimport sys\nprint('torch' in sys.modules)")
+    assert r.reply["status"] == "ok"
+    assert r.stdout.strip() == "False"  # doctor read torch's package metadata, it did not import torch
+    assert "2.13.0+cpu is a CPU-only build (read from its installed package; not imported yet)" in r.html
+
+
+def test_on_gpu_without_gpu_warns_on_stdout_not_stderr(kernel):
+    _, kc = kernel
+    r = run(kc, "%%on_gpu 0 --time\nx = 1")
+    assert r.reply["status"] == "ok"
+    assert r.stdout.startswith("gpuctx warning: no GPU is visible") and "on_gpu: no GPU · wall " in r.stdout
+    assert r.stderr == ""  # JupyterLab paints stderr red, as if the cell had failed
+
+
 def test_status_and_doctor_in_kernel(kernel):
     _, kc = kernel
     r = run(kc, "import torch\n%gpu status\n%gpu doctor")
@@ -71,9 +87,8 @@ def test_kernel_answers_gpuctx_request_on_the_control_channel_while_busy(kernel)
     request = kc.session.msg("gpuctx_request", {})
     t0 = time.monotonic()
     kc.control_channel.send(request)
-    reply = kc.get_control_msg(timeout=5)
+    reply = reply_to(kc, request["header"]["msg_id"], timeout=5, channel="control")
     assert time.monotonic() - t0 < 2.5  # answered before the cell ended
     assert reply["msg_type"] == "gpuctx_reply" and reply["content"]["status"] == "ok"
     assert reply["content"]["pid"] > 0 and "warmup" in reply["content"]
-    kc.get_shell_msg(timeout=10)  # the cell's own reply
-    assert msg_id
+    assert reply_to(kc, msg_id, timeout=10)["content"]["status"] == "ok"  # the cell's own reply

@@ -1,13 +1,19 @@
 """The magics in a real IPython shell, on this machine (no GPU) and with NVML records built here."""
 from __future__ import annotations
 
+import logging
+import re
 import sys
 import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 from IPython.core.error import UsageError
 
-from gpuctx_jupyter.core.frameworks import Framework
+from gpuctx_jupyter.core import frameworks as fws
+from gpuctx_jupyter.core.frameworks import AllocatorFigures, Framework, Memory
+from gpuctx_jupyter.kernel import commands, kernel_view, reports
 from gpuctx_jupyter.kernel.switching import PostImportHook
 
 from .harness.gpus import h200
@@ -26,14 +32,20 @@ def test_list_without_gpu_says_why(shell, capsys):
     assert "NVML reports:" in out
 
 
-def test_status_without_gpu_lists_frameworks(shell, capsys):
+def test_status_without_gpu_says_so_first_and_once(shell, capsys):
     shell.run_cell("import torch")
+    gpu(shell, "warm --wait")  # skipped for want of a GPU: its reason is not repeated below
+    capsys.readouterr()
     gpu(shell, "status")
     out = capsys.readouterr().out
-    assert "device: none chosen" in out
+    lines = out.splitlines()
+    assert lines[0] == "No GPU is visible to this kernel"
+    assert lines[1].startswith("NVML reports: ") and "CPU-only build" in lines[1]  # torch 2.13.0+cpu here
+    assert "device: none chosen" in out and "cuda:0" not in out and "CUDA's default" not in out
     assert "CUDA started by: nothing yet" in out
-    assert "CPU-only build" in out  # torch 2.13.0+cpu in the test environment
-    assert "no GPU is visible" in out
+    warm = next(line for line in lines if line.startswith("warm-up: "))
+    assert "skipped" in warm and "no GPU is visible (see above)" in warm and "NVML" not in warm
+    assert out.count("NVML reports") == 1
 
 
 def test_doctor_without_gpu_gives_advice(shell, capsys):
@@ -62,7 +74,18 @@ def test_on_gpu_without_gpu_still_runs_the_cell(shell, capsys):
     result = shell.run_cell("%%on_gpu 0\nz = 20\nz + 1")
     assert result.success and result.result == 21
     assert shell.user_ns["z"] == 20
-    assert "no GPU is visible" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out.startswith("gpuctx warning: no GPU is visible (NVML reports: ")  # stdout: not red in JupyterLab
+    assert "gpuctx" not in err
+
+
+def test_on_gpu_without_gpu_still_times_the_cell(shell, capsys):
+    result = shell.run_cell("%%on_gpu 0 --time --mem\nimport time\ntime.sleep(0.02)")
+    assert result.success
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("on_gpu:"))
+    assert line.startswith("on_gpu: no GPU · wall ") and line.endswith(" · GPU time and memory need a GPU")
+    wall = line.split("wall ", 1)[1].split(" · ", 1)[0]
+    assert wall.endswith(" ms") and float(wall.split()[0]) >= 20
 
 
 # -- mistakes get one-line UsageErrors --------------------------------------------------------------
@@ -112,6 +135,60 @@ def test_question_mark_help_is_the_docstring(shell):
     assert "%gpu use auto" in GpuMagics.gpu.__doc__
     info = shell.object_inspect("%gpu")
     assert info["found"] and "%gpu use auto" in info["docstring"]
+    assert GpuMagics.gpu.__doc__ == commands.overview()  # written once: the table
+    assert "usage: %%on_gpu [--default] [--time] [--mem] spec" in shell.object_inspect("%%on_gpu")["docstring"]
+
+
+def test_help_is_evenly_indented(shell, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "90")
+    gpu(shell, "help")
+    lines = capsys.readouterr().out.splitlines()
+    entries = [line for line in lines if line.startswith("  ")]
+    calls = [line for line in entries if re.match(r"  (m = )?%", line)]
+    assert len(calls) == sum(len(c.examples) for c in commands.COMMANDS)
+    column = {len(line) - len(line[2:].split("  ", 1)[1].lstrip()) for line in calls if "  " in line[2:].strip()}
+    assert len(column) == 1  # every description starts in one column
+    (col,) = column
+    for line in entries:
+        if line not in calls:
+            assert line[:col].strip() == "" and line[col] != " ", line  # continuations line up under it
+    assert max(map(len, lines)) <= 90
+
+
+@pytest.mark.parametrize(("name", "usage"), [
+    ("use", "usage: %gpu use [--default | --no-default] [--no-threads] [spec]"),
+    ("on_gpu", "usage: %%on_gpu [--default] [--time] [--mem] spec"),
+    ("%%on_gpu", "usage: %%on_gpu ["),
+    ("warm", "usage: %gpu warm ["),
+    ("status", "usage: %gpu status\n"),
+])
+def test_help_for_one_subcommand_shows_its_usage_as_typed(shell, capsys, name, usage):
+    gpu(shell, f"help {name}")
+    out = capsys.readouterr().out
+    assert out.startswith(usage)
+    assert "::" not in out and "%%gpu" not in out and "%%%" not in out
+    assert "examples:" in out
+
+
+def test_suggestions_come_from_the_table(shell):
+    with pytest.raises(UsageError, match=r"did you mean `%gpu help monitor`\?"):
+        gpu(shell, "help moniter")
+    assert commands.SUBCOMMANDS == ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "help")
+    for command in commands.COMMANDS:
+        handler = "on_gpu" if command.cell else f"_gpu_{command.name}"
+        assert command.handler == handler and callable(getattr(shell._gpuctx_magics, handler))
+
+
+def test_readme_command_table_is_the_tables_rendering():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start, end = "<!-- gpu-commands -->", "<!-- /gpu-commands -->"
+    if start not in readme or end not in readme:
+        pytest.fail(f"README.md has no {start} … {end} section: paste the output of "
+                    "`python -c 'from gpuctx_jupyter.kernel.commands import markdown; print(markdown())'` between "
+                    "those two markers, in place of the old %gpu table")
+    section = readme.split(start, 1)[1].split(end, 1)[0].strip()
+    assert section == commands.markdown(), ("README.md's %gpu table differs from gpuctx_jupyter/kernel/commands.py: "
+                                            "paste the output of commands.markdown() between the markers")
 
 
 # -- with GPUs as NVML reports them (records built here) --------------------------------------------
@@ -123,7 +200,7 @@ def test_list_numbers_by_cuda_ordinal_with_smi_index(shell, nvml_records, clean_
     row0 = next(line for line in lines if "cuda:0" in line and "H200" in line)
     row1 = next(line for line in lines if "cuda:1" in line and "H200" in line)
     assert row0.split()[:3] == ["●", "cuda:0", "1"]  # cuda:0 is nvidia-smi 1, and current
-    assert "5.0 GiB / 141.0 GiB" in row0 and row0.rstrip().endswith("2")
+    assert "5.00 GiB / 141 GiB" in row0 and row0.rstrip().endswith("2")
     assert row1.split()[:2] == ["cuda:1", "0"]
 
 
@@ -160,9 +237,11 @@ def test_use_records_choice_and_reports_what_did_not_follow(shell, nvml_records,
     shell.run_cell("import torch")
     gpu(shell, "use auto")
     out = capsys.readouterr().out
-    assert "cuda:1 (NVIDIA H200, nvidia-smi 1, 140.0 GiB free)" in out
+    assert "cuda:1 (NVIDIA H200, nvidia-smi 1, 140 GiB free)" in out
     assert "not switched: torch:" in out and "CPU-only" in out
-    assert "threads you start yourself" in out and "CUDA_VISIBLE_DEVICES" in out
+    assert "note: threads started from now on run on cuda:1 too (`--no-threads` leaves them alone)" in out
+    assert "CUDA_VISIBLE_DEVICES is read once, at CUDA start-up" in out
+    assert "keep CUDA's device 0" not in out
     gpu(shell, "status")
     assert "device: cuda:1 chosen by %gpu use" in capsys.readouterr().out
     gpu(shell, "list")
@@ -252,7 +331,7 @@ def test_post_import_hook_calls_back_after_the_module_ran(tmp_path, monkeypatch)
 def test_warm_by_hand_without_gpu_imports_then_says_why(shell, capsys):
     gpu(shell, "warm --wait")
     out = capsys.readouterr().out
-    assert "gpuctx warm-up: skipped" in out and "no GPU is visible" in out and "import torch" in out
+    assert "gpuctx warm-up: skipped" in out and "no GPU is visible" in out and re.search(r"\bimport(ed)? torch", out)
     gpu(shell, "status")
     assert "warm-up: skipped" in capsys.readouterr().out
 
@@ -275,3 +354,229 @@ def test_on_gpu_with_top_level_await_says_what_to_do(shell, nvml_records, clean_
     result = shell.run_cell("%%on_gpu 0\nimport asyncio\nawait asyncio.sleep(0)")
     assert isinstance(result.error_in_exec, UsageError)
     assert "cannot run top-level `await`" in str(result.error_in_exec)
+
+
+def test_warm_without_torch_says_what_to_do(shell, monkeypatch):
+    monkeypatch.setattr(fws.TORCH, "installed", lambda: False)
+    with pytest.raises(UsageError, match=r"^torch is not installed in this kernel: install a CUDA build of torch, "
+                                         r"or name other frameworks with --frameworks$"):
+        gpu(shell, "warm")
+
+
+# -- %gpu doctor --------------------------------------------------------------------------------------
+def test_doctor_wraps_to_the_terminal(shell, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    gpu(shell, "doctor")
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "NVIDIA container toolkit" in " ".join(out.split())  # the advice is all there, wrapped
+    monkeypatch.setenv("COLUMNS", "400")
+    gpu(shell, "doctor")
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 100  # capped for reading
+
+
+def test_doctor_html_keeps_each_finding_in_one_row(shell):
+    from gpuctx_jupyter.core import inventory
+    from gpuctx_jupyter.kernel import doctor
+
+    report = doctor.report(doctor.diagnose(inventory.take()))
+    html = report._repr_html_()
+    assert html.count("<tr") == 1 + len(report.data["findings"])
+
+
+def test_doctor_reports_a_cpu_only_torch_before_it_is_imported(shell, capsys, monkeypatch):
+    from gpuctx_jupyter.kernel.doctor import installed_torch_build
+
+    assert installed_torch_build() == ("2.13.0+cpu", "cpu")  # this venv's torch, from its metadata
+    monkeypatch.setattr(fws.TORCH, "loaded", lambda: False)
+    gpu(shell, "doctor")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "torch 2.13.0+cpu is a CPU-only build (read from its installed package; not imported yet)" in out
+    assert "install a CUDA build of torch" in out
+
+
+def test_doctor_names_a_bad_device_order_under_its_own_topic(shell, nvml_records, clean_env, capsys, monkeypatch):
+    nvml_records([h200(0), h200(1)])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "pci_bus_id")
+    gpu(shell, "doctor")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert "need attention" in lines[0]
+    order = [line for line in lines if re.match(r"[✗!]\s+CUDA_DEVICE_ORDER\s", line)]
+    assert len(order) == 1 and "'pci_bus_id'" in order[0]
+    assert not any(re.match(r"\S\s+CUDA_VISIBLE_DEVICES\s", line) for line in lines)
+    findings = shell._gpuctx_magics  # the same through the data the report keeps
+    from gpuctx_jupyter.core import inventory
+    from gpuctx_jupyter.kernel import doctor
+
+    data = doctor.report(doctor.diagnose(inventory.take(), findings.warmer.status)).data["findings"]
+    assert [f["level"] for f in data if f["topic"] == "CUDA_DEVICE_ORDER"] == ["error"]
+    assert not [f for f in data if f["topic"] == "CUDA_VISIBLE_DEVICES"]
+
+
+# -- threads ------------------------------------------------------------------------------------------
+def test_use_no_threads_and_back(shell, nvml_records, clean_env, capsys):
+    nvml_records([h200(0), h200(1)])
+    switcher = shell._gpuctx_magics.switcher
+    gpu(shell, "use 1 --no-threads")
+    out = capsys.readouterr().out
+    assert switcher.follow_threads is False
+    assert "note: threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)" in out
+    gpu(shell, "use 1")
+    assert switcher.follow_threads is True
+    gpu(shell, "status")
+    out = capsys.readouterr().out
+    assert "threads\nthreads: follow the kernel's device" in out
+
+
+class PerThreadTorch(Framework):
+    """A stand-in for torch with CUDA started: its current device is per thread, as CUDA's is."""
+
+    name = "torch"
+    module = package = "gpuctx_test_per_thread_torch"
+
+    def __init__(self):
+        self._here = threading.local()
+
+    def loaded(self):
+        return True
+
+    def gpu_reason(self):
+        return None
+
+    def initialized(self):
+        return True
+
+    def current(self):
+        return getattr(self._here, "device", 0)
+
+    def set_current(self, ordinal):
+        self._here.device = ordinal
+
+
+def test_threads_follow_use_unless_no_threads(shell, nvml_records, clean_env, capsys, monkeypatch):
+    nvml_records([h200(0), h200(1)])
+    fake = PerThreadTorch()
+    monkeypatch.setattr(shell._gpuctx_magics.switcher, "frameworks", (fake,))
+
+    def device_in_a_new_thread():
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(fake.current()))
+        thread.start()
+        thread.join()
+        return seen[0]
+
+    gpu(shell, "use 1")
+    assert fake.current() == 1 and device_in_a_new_thread() == 1
+    gpu(shell, "use 1 --no-threads")
+    assert fake.current() == 1 and device_in_a_new_thread() == 0
+    gpu(shell, "use 1")
+    assert device_in_a_new_thread() == 1
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 3  # said again whenever what happens to threads changes
+    gpu(shell, "use --no-threads")  # without a device: only stop following
+    assert capsys.readouterr().out.startswith("gpuctx: threads started from now on begin on CUDA's device 0")
+    assert device_in_a_new_thread() == 0 and shell._gpuctx_magics.switcher.choice.ordinal == 1
+
+
+def test_follow_threads_is_kernel_config(shell):
+    shell.run_line_magic("unload_ext", "gpuctx")
+    shell.config.GpuMagics.follow_threads = False
+    try:
+        shell.run_line_magic("load_ext", "gpuctx")
+        magics = shell._gpuctx_magics
+        assert magics.follow_threads is False and magics.switcher.follow_threads is False
+        magics.follow_threads = True  # e.g. %config GpuMagics.follow_threads = True
+        assert magics.switcher.follow_threads is True
+    finally:
+        del shell.config["GpuMagics"]
+
+
+def test_status_shows_thread_warnings(shell, nvml_records, clean_env, capsys):
+    nvml_records([h200(0), h200(1)])
+    gpu(shell, "use 1")
+    threads = shell._gpuctx_magics.switcher.threads
+    threads.warnings += ["thread 'a' could not be switched to cuda:1 (torch: boom)",
+                         "thread 'b' could not be switched to cuda:1 (torch: bang)"]
+    capsys.readouterr()
+    gpu(shell, "status")
+    out = capsys.readouterr().out
+    assert "warning: thread 'a' could not be switched to cuda:1 (torch: boom)" in out
+    assert "2 threads could not be switched; latest: thread 'b'" in out
+    assert "warning: thread 'b'" not in out  # quoted once, not twice
+    threads.warnings.clear()
+
+
+# -- allocator figures: one framework-adapter call for the magics and the control channel -------------
+def test_allocator_figures_feed_status_mem_and_the_kernel_view(shell, nvml_records, clean_env, capsys, monkeypatch):
+    nvml_records([h200(0), h200(1)])
+    GIB = 1024**3
+    memory = {0: Memory(0, 0, 0), 1: Memory(2 * GIB, 3 * GIB, 4 * GIB)}
+    for name, fake in {"loaded": lambda: True, "initialized": lambda: True, "device_count": lambda: 2,
+                       "memory": memory.get, "current": lambda: 0, "gpu_reason": lambda: None,
+                       "default_device": lambda: None, "uuids": lambda: None}.items():
+        monkeypatch.setattr(fws.TORCH, name, fake)
+    assert fws.allocator_figures() == [AllocatorFigures("torch", 0, 0, 0, 0),
+                                       AllocatorFigures("torch", 1, 2 * GIB, 3 * GIB, 4 * GIB)]
+    assert fws.allocator_figures(1) == fws.allocator_figures()[1:] and fws.allocator_figures(5) == []
+    assert kernel_view.report(shell._gpuctx_magics)["memory"] == [
+        {"framework": "torch", "ordinal": 1, "allocated": 2 * GIB, "reserved": 3 * GIB, "peak": 4 * GIB}]
+    monkeypatch.setattr("gpuctx_jupyter.core.inventory._torch_reserved", lambda: {})
+    rows = reports.allocator_rows(reports.inventory.take())
+    assert [row[:2] for row in rows] == [["cuda:0", "torch"], ["cuda:1", "torch"]]  # cuda:0: current, empty
+    gpu(shell, "mem")
+    assert "cuda:1  torch      2.00 GiB   3.00 GiB  4.00 GiB" in capsys.readouterr().out
+
+
+# -- logging ------------------------------------------------------------------------------------------
+def test_a_healthy_session_logs_nothing_at_warning_and_at_most_one_info_line(shell, nvml_records, clean_env):
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    log = logging.getLogger("gpuctx")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        shell.run_line_magic("unload_ext", "gpuctx")
+        shell.run_line_magic("load_ext", "gpuctx")
+        nvml_records([h200(0), h200(1)])
+        for line in ("list", "use 1", "status", "mem", "free", "doctor", "warm --wait", "help"):
+            gpu(shell, line)
+        assert shell.run_cell("%%on_gpu 0\nx = 1").success
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert [r for r in records if r.levelno >= logging.WARNING] == []
+    assert len([r for r in records if r.levelno == logging.INFO]) <= 1
+
+
+@pytest.mark.parametrize(("version", "requires", "build"), [
+    ("2.13.0+cpu", [], "cpu"),
+    ("2.11.0+cu130", [], "CUDA 13.0"),
+    ("2.5.1+cu121", [], "CUDA 12.1"),
+    ("2.6.0+rocm6.2", [], "ROCm 6.2"),
+    ("2.11.0", ["filelock", "nvidia-cuda-runtime==13.0.96; platform_system == 'Linux'"], "CUDA"),
+    ("2.11.0", ["filelock"], "cpu"),  # no label, no NVIDIA requirement: this venv's torch/lib has no libtorch_cuda
+])
+def test_torch_build_from_its_package_metadata(monkeypatch, version, requires, build):
+    import importlib.metadata
+
+    from gpuctx_jupyter.kernel import doctor
+
+    fake = type("Dist", (), {"version": version, "requires": requires})()
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: fake)
+    assert doctor.installed_torch_build() == (version, build)
+
+
+def test_doctor_checks_the_driver_against_torch_before_it_is_imported(shell, nvml_records, clean_env, capsys,
+                                                                       monkeypatch):
+    from gpuctx_jupyter.kernel import doctor
+
+    nvml_records([h200(0)])  # the driver supports CUDA up to 13.0
+    monkeypatch.setattr(fws.TORCH, "loaded", lambda: False)
+    monkeypatch.setattr(doctor, "installed_torch_build", lambda: ("2.99.0+cu140", "CUDA 14.0"))
+    gpu(shell, "doctor")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "torch 2.99.0+cu140, CUDA 14.0 build (read from its installed package); not imported yet" in out
+    assert "✗ torch built for CUDA 14.0, but the driver supports only up to 13.0" in out

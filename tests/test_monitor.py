@@ -14,7 +14,7 @@ from gpuctx_jupyter.core.sampler import History, Point, Sample, Sampler
 from gpuctx_jupyter.kernel.monitor import GpuMonitor, sparkline
 
 from .harness.gpus import h200
-from .harness.kernels import run, start, stop
+from .harness.kernels import reply_to, run, start, stop
 from .harness.waiting import wait_for
 
 TRACE = os.path.join(os.path.dirname(__file__), "data", "h200-trace.jsonl")  # recorded on 2 × H200
@@ -185,17 +185,21 @@ def test_this_kernel_is_found_in_a_container_where_nvml_lists_host_pids(monkeypa
 
 
 def test_replay_of_a_recorded_h200_trace_is_labelled_and_leaves_live_monitors_live(shell):
-    """`%gpu monitor --replay`: the recorded H200 trace in tests/data, its own sampler, and a label
-    before anything else; a bad trace is a one-line UsageError."""
+    """The monitor `%gpu monitor --replay` shows in a kernel: the recorded H200 trace in tests/data,
+    its own sampler, and a label before anything else; a bad trace is a one-line UsageError. (The
+    test shell is a terminal: there the magic prints one line, see test_monitor_widgets.py.)"""
     from IPython.core.error import UsageError
 
+    from gpuctx_jupyter.core.trace import Replay
+
     live = GpuMonitor(interval=0.05)  # the process's sampler: no GPU here
-    mon = shell.run_line_magic("gpu", f"monitor --replay {TRACE} --interval 0.05")
+    mon = GpuMonitor(interval=0.05, replay=Replay(TRACE))
     try:
         assert mon.sampler is not live.sampler
         assert wait_for(lambda: len(mon._body.children) == 2)
-        assert mon.status.value.startswith("<b style='color:#e65100'>REPLAY of a trace recorded 2026-")
-        assert "not live data" in mon.status.value and "h200-trace.jsonl" in mon.status.value
+        assert mon.children[0] is mon.replay_label
+        assert "REPLAY of a trace recorded 2026-" in mon.replay_label.value
+        assert "not live data" in mon.replay_label.value and "h200-trace.jsonl" in mon.replay_label.value
         card = mon._body.children[0]
         assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in card.title.value and card.mem.max > 100 * 1024**3
         assert "◀ this kernel" not in card.procs.value and "torch:" not in card.numbers.value
@@ -237,8 +241,7 @@ def test_rerunning_a_monitor_cell_replaces_its_monitor():
                                                  "user_expressions": {}, "allow_stdin": False,
                                                  "stop_on_error": True}, metadata={"cellId": cell_id})
         kc.shell_channel.send(msg)
-        reply = kc.get_shell_msg(timeout=30)
-        assert reply["parent_header"]["msg_id"] == msg["header"]["msg_id"]
+        reply = reply_to(kc, msg["header"]["msg_id"], timeout=30)
         assert reply["content"]["status"] == "ok", reply["content"]
 
     try:

@@ -304,12 +304,15 @@ def allocator_figures(ordinal: int | None = None) -> list[AllocatorFigures]:
     has started CUDA, CuPy on its current device (another device would need a context there).
     `ordinal` limits the answer to one device. Never imports a framework nor starts CUDA, so
     the magics, the control-channel answer and the monitor's sampler thread can all ask; a
-    framework that fails to answer (a lost GPU) is left out rather than raising."""
+    framework that fails to answer (a lost GPU) is left out rather than raising. CuPy's current
+    device is per thread: asked from another thread, it answers for that thread's device (and
+    labels the figures with it)."""
     out: list[AllocatorFigures] = []
     if TORCH.loaded() and TORCH.initialized():
         try:
             count = TORCH.device_count() or 0
-            for i in range(count) if ordinal is None else [ordinal] if 0 <= ordinal < count else []:
+            wanted = range(count) if ordinal is None else [o for o in (ordinal,) if 0 <= o < count]
+            for i in wanted:
                 m = TORCH.memory(i)
                 if m is not None:
                     out.append(AllocatorFigures("torch", i, m.allocated, m.reserved, m.peak))

@@ -1,15 +1,20 @@
 """`%gpu doctor`: every check that explains "why is my GPU not used / slow / wrong", with the fix."""
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import multiprocessing
 import os
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..core import frameworks as fws
 from ..core import nvml
 from ..core.devices import device_order_problem
 from ..core.inventory import Inventory
-from .render import Report, Section
+from .render import Section
+from .reports import WrappedReport
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
 _MARK = {OK: "✓", INFO: "·", WARN: "!", ERROR: "✗"}
@@ -56,18 +61,23 @@ def _torch_findings(inv: Inventory, warm=None) -> list[Finding]:
     if not torch.loaded():
         if not torch.installed():
             return [Finding(INFO, "torch", "not installed", "install a CUDA build of torch to use the GPU from PyTorch")]
-        return [Finding(INFO, "torch", "installed, not imported yet (checks below cover loaded frameworks only)")]
+        version, build = installed_torch_build()
+        if build == "cpu" or (build or "").startswith("ROCm"):
+            kind = "a CPU-only build" if build == "cpu" else f"a {build} build, for AMD GPUs"
+            return [Finding(WARN if inv.devices else INFO, "torch", f"{version} is {kind} (read from its "
+                            "installed package; not imported yet)",
+                            "install a CUDA build of torch that matches your driver to use the GPU")]
+        what = f"{version}, {build} build (read from its installed package)" if build else version or "installed"
+        out = [Finding(INFO, "torch", f"{what}; not imported yet, so the checks below cover the frameworks "
+                       "this kernel has imported")]
+        return out + _driver_findings(build.removeprefix("CUDA ") if build and build.startswith("CUDA ") else None,
+                                      inv)
     mod = torch.mod
     built = getattr(mod.version, "cuda", None)
     if not built:
         return [Finding(WARN if inv.devices else INFO, "torch", f"{mod.__version__} is a CPU-only build",
                         "install a CUDA build of torch that matches your driver to use the GPU")]
-    out = [Finding(OK, "torch", f"{mod.__version__}, built for CUDA {built}")]
-    supported = _version_tuple(nvml.cuda_driver_version()) if not inv.nvml_error else None
-    if supported and (_version_tuple(built) or (0,)) > supported:
-        out.append(Finding(ERROR, "torch", f"built for CUDA {built}, but the driver supports only up to "
-                           f"{'.'.join(map(str, supported))}",
-                           f"upgrade the NVIDIA driver, or install a torch build for CUDA {'.'.join(map(str, supported))} or older"))
+    out = [Finding(OK, "torch", f"{mod.__version__}, built for CUDA {built}")] + _driver_findings(built, inv)
     if torch.initialized():
         method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
         if method == "fork":
@@ -81,6 +91,16 @@ def _torch_findings(inv: Inventory, warm=None) -> list[Finding]:
                                   '{"gpuctx": {"warm": false}}, or GPUCTX_WARM=0 in the kernel\'s environment'
                                   if by_warmup else "")))
     return out
+
+
+def _driver_findings(built: str | None, inv: Inventory) -> list[Finding]:
+    """A torch built for a newer CUDA than the driver supports cannot start CUDA at all."""
+    supported = _version_tuple(nvml.cuda_driver_version()) if built and not inv.nvml_error else None
+    if not supported or (_version_tuple(built) or (0,)) <= supported:
+        return []
+    most = ".".join(map(str, supported))
+    return [Finding(ERROR, "torch", f"built for CUDA {built}, but the driver supports only up to {most}",
+                    f"upgrade the NVIDIA driver, or install a torch build for CUDA {most} or older")]
 
 
 def _visibility_findings(inv: Inventory) -> list[Finding]:
@@ -134,10 +154,48 @@ def _env_findings() -> list[Finding]:
     return []
 
 
-def report(findings: list[Finding]) -> Report:
+def installed_torch_build() -> tuple[str | None, str | None]:
+    """(version, "cpu" / "CUDA 12.8" / "ROCm 6.3" / "CUDA" / None) of the installed torch, read
+    without importing it (seconds of start-up): a heuristic over the package's metadata.
+
+    1. A local version label says it outright: `2.13.0+cpu`, `+cu128`, `+rocm6.3` (the builds
+       from download.pytorch.org carry one).
+    2. Without one (PyPI's builds): Linux CUDA wheels require NVIDIA's runtime packages
+       (`nvidia-cuda-runtime-cu12`, `nvidia-cublas`, …), so such a requirement means CUDA.
+    3. Else the package's own library folder decides: CUDA builds ship `libtorch_cuda.so`
+       (`torch_cuda.dll`). No such file: CPU-only. A CUDA build that loads the runtime from
+       elsewhere (a conda or a source build) still has that library, so it is not mistaken.
+    (None, None) when torch has no package metadata (a source tree on sys.path, say); the build
+    is None when no rule decides. Once torch is imported, doctor reads `torch.version.cuda` instead.
+    """
+    try:
+        dist = importlib.metadata.distribution("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None, None
+    version = dist.version
+    local = version.partition("+")[2].lower()
+    if local.startswith("cpu"):
+        return version, "cpu"
+    cuda = re.fullmatch(r"cu(\d+)(\d)", local)
+    if cuda:
+        return version, f"CUDA {cuda.group(1)}.{cuda.group(2)}"
+    if local.startswith("rocm"):
+        return version, f"ROCm {local[4:]}"
+    if any(re.match(r"nvidia[-_]", req, flags=re.IGNORECASE) for req in dist.requires or ()):
+        return version, "CUDA"
+    spec = importlib.util.find_spec("torch")
+    lib = Path(next(iter(spec.submodule_search_locations or ()), "")) / "lib" if spec else None
+    if lib is None or not lib.is_dir():
+        return version, None
+    names = {p.name for p in lib.iterdir()}
+    return version, "CUDA" if any(n.startswith(("libtorch_cuda", "torch_cuda")) for n in names) else "cpu"
+
+
+def report(findings: list[Finding]) -> WrappedReport:
+    """The findings as a table; in plain text the last column wraps to the terminal's width."""
     rows = [[_MARK[f.level], f.topic, f.detail + (f" → {f.advice}" if f.advice else "")] for f in findings]
     worst = [f for f in findings if f.level in (WARN, ERROR)]
     summary = "all checks passed" if not worst else f"{len(worst)} finding(s) need attention"
     section = Section(f"gpuctx doctor: {summary}", ["", "check", "finding → what to do"], rows,
                       marked={i for i, f in enumerate(findings) if f.level in (WARN, ERROR)})
-    return Report([section], data={"findings": [f.__dict__ for f in findings]})
+    return WrappedReport([section], data={"findings": [f.__dict__ for f in findings]}, wrap={0: 2})

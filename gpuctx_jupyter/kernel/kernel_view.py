@@ -14,15 +14,8 @@ from ..core import frameworks as fws
 
 def report(magics) -> dict:
     choice = magics.switcher.choice
-    torch = fws.TORCH
     device, default = magics.cell_thread_device or (None, None)
-    memory = []
-    if torch.loaded() and torch.initialized():
-        for i in range(torch.device_count()):
-            m = torch.memory(i)
-            if m and (m.reserved or m.peak):
-                memory.append({"ordinal": i, "framework": "torch", "allocated": m.allocated,
-                               "reserved": m.reserved, "peak": m.peak})
+    memory = [f.as_dict() for f in fws.allocator_figures() if f.reserved or f.peak]
     return {
         "status": "ok",
         "pid": os.getpid(),

@@ -1,12 +1,21 @@
 """The live GPU monitor inside a notebook, from stock ipywidgets (no custom JavaScript).
 
 Every monitor in a kernel shares the process's one sampler thread; a monitor only turns the
-sampler's reads into widget updates (comm messages, which flow while other cells run). Closing
-the last monitor stops the sampler.
+sampler's reads into widget updates (comm messages, which flow while other cells run). `stop()`
+ends the updates and keeps the last frame on screen, saying "stopped"; `close()` also closes every
+widget of the monitor (children, layouts, styles), so nothing is left for the frontend to look up.
+The sampler stops with the last listener.
+
+Colours come from the JupyterLab theme (CSS variables, with fallbacks for the classic notebook):
+utilisation is `--jp-brand-color1` and memory `--jp-accent-color1`, as in the GPU panel.
+Where no frontend can draw widgets (IPython in a terminal, a plain script), `monitor()` prints one
+line with one sample instead, and starts no thread.
 """
 from __future__ import annotations
 
 import html
+import os
+import threading
 import time
 import weakref
 
@@ -16,14 +25,28 @@ from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, VisibleDevice, parse_spec
 from ..core.sampler import Point, Sample, Sampler, process_sampler
-from .render import gib
+from .render import gib, pct, temp, watts
 
 _open: "weakref.WeakSet[GpuMonitor]" = weakref.WeakSet()
+
+# The panel's colours (labextension/style/base.css); the fallbacks are the light theme's values.
+UTIL_COLOR = "var(--jp-brand-color1, #1976d2)"
+MEMORY_COLOR = "var(--jp-accent-color1, #388e3c)"
+ERROR_COLOR = "var(--jp-error-color1, #d32f2f)"
+TEXT_COLOR = "var(--jp-ui-font-color1, rgba(0, 0, 0, 0.87))"
+WARN_MARK = "var(--jp-warn-color0, #e65100)"  # a bar beside text, never text: 3.8:1 on white
+TRACK_COLOR = "var(--jp-layout-color2, #eeeeee)"
+# The replay banner as the panel draws it: light orange in both themes, so dark text (≥ 13:1).
+REPLAY_STYLE = ("background:var(--jp-warn-color3, #ffe0b2);border:2px solid var(--jp-warn-color1, #f57c00);"
+                "color:rgba(0, 0, 0, 0.87);border-radius:2px;padding:2px 8px;margin:0 0 4px")
+NO_FRONTEND = "gpuctx monitor: widgets need a notebook frontend (JupyterLab, Notebook 7, VS Code)"
 
 
 def sparkline(points: list[Point], now: float, window: float, total_memory: int | None,
               width: int = 240, height: int = 40) -> str:
-    """An inline SVG of utilisation (solid) and memory (dashed) over the last `window` seconds."""
+    """An inline SVG of utilisation (solid) and memory (dashed) over the last `window` seconds, in
+    the theme's colours: the SVG names them once as custom properties, as the panel's CSS does
+    (CSS variables work in `style`, not in SVG presentation attributes)."""
     def x(t):
         return width * (1 - (now - t) / window)
 
@@ -37,10 +60,11 @@ def sparkline(points: list[Point], now: float, window: float, total_memory: int 
     shown = [p for p in points if now - p.t <= window]
     util = [(p, None if p.utilization is None else p.utilization / 100) for p in shown]
     mem = [(p, None if p.memory_used is None or not total_memory else p.memory_used / total_memory) for p in shown]
-    return (f"<svg width='{width}' height='{height}' role='img' aria-label='utilisation and memory, last "
-            f"{window:.0f} s' style='background:rgba(127,127,127,0.08)'>"
-            + line(util, "stroke='#2e7d32' stroke-width='1.5'")
-            + line(mem, "stroke='#1565c0' stroke-width='1.5' stroke-dasharray='3,2'")
+    return (f"<svg width='{width}' height='{height}' role='img' aria-label='utilisation (solid) and memory "
+            f"(dashed), last {window:.0f} s' style='--gpuctx-util-color:{UTIL_COLOR};"
+            f"--gpuctx-memory-color:{MEMORY_COLOR};background:{TRACK_COLOR}'>"
+            + line(util, "style='stroke:var(--gpuctx-util-color)' stroke-width='1.5'")
+            + line(mem, "style='stroke:var(--gpuctx-memory-color)' stroke-width='1.5' stroke-dasharray='3 2'")
             + "</svg>")
 
 
@@ -71,11 +95,26 @@ def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: 
     return view
 
 
+def numbers_text(v: dict) -> str:
+    """The card's line of figures, with the same formatters as `%gpu list` and the panel."""
+    memory = f"{gib(v['memory_used'])} / {gib(v['memory_total'])}" if v["memory_total"] else gib(v["memory_used"])
+    parts = [f"util {pct(v['utilization'])}", f"memory {memory}", temp(v["temperature"]),
+             watts(v["power"], v["power_limit"])]
+    if v["this_kernel_nvml"] is not None:
+        parts.append(f"this kernel (NVML) {gib(v['this_kernel_nvml'])}")
+    if v["allocator"]:
+        a = v["allocator"]
+        parts.append(f"torch: allocated {gib(a['allocated'])}, reserved {gib(a['reserved'])}, peak {gib(a['peak'])}")
+    return " · ".join(parts)
+
+
 class _Card(widgets.VBox):
     def __init__(self):
         self.title = widgets.HTML()
-        self.util = widgets.FloatProgress(min=0, max=100, description="util", bar_style="success")
-        self.mem = widgets.FloatProgress(min=0, max=1, description="memory", bar_style="info")
+        self.util = widgets.FloatProgress(min=0, max=100, description="util", bar_style="success",
+                                          style={"bar_color": UTIL_COLOR})
+        self.mem = widgets.FloatProgress(min=0, max=1, description="memory", bar_style="info",
+                                         style={"bar_color": MEMORY_COLOR})
         self.numbers = widgets.HTML()
         self.plot = widgets.HTML()
         self.procs = widgets.HTML()
@@ -85,35 +124,44 @@ class _Card(widgets.VBox):
                                                margin="2px 0"))
 
     def show(self, v: dict) -> None:
-        self.title.value = f"<b>{html.escape(v['title'])}</b>"
+        title = f"<b>{html.escape(v['title'])}</b>"
         if v["error"]:
-            self.title.value += f" <span style='color:#c62828'>error: {html.escape(v['error'])}</span>"
+            title += f" <span style='color:{ERROR_COLOR}'>error: {html.escape(v['error'])}</span>"
             self.util.bar_style = self.mem.bar_style = "danger"
+            self.util.style.bar_color = self.mem.style.bar_color = ERROR_COLOR
         else:
             self.util.bar_style, self.mem.bar_style = "success", "info"
+            self.util.style.bar_color, self.mem.style.bar_color = UTIL_COLOR, MEMORY_COLOR
+        self.title.value = title
         self.util.value = v["utilization"] or 0
         if v["memory_total"]:
             self.mem.max = v["memory_total"]
             self.mem.value = min(v["memory_used"] or 0, v["memory_total"])
-        temp = "–" if v["temperature"] is None else f"{v['temperature']}°C"
-        power = "–" if v["power"] is None else f"{v['power']:.0f}" + (
-            f" / {v['power_limit']:.0f} W" if v["power_limit"] else " W")
-        util = "–" if v["utilization"] is None else f"{v['utilization']}%"
-        parts = [f"util {util}", f"memory {gib(v['memory_used'])} / {gib(v['memory_total'])}", temp, power]
-        if v["this_kernel_nvml"] is not None:
-            parts.append(f"this kernel (NVML) {gib(v['this_kernel_nvml'], 2)}")
-        if v["allocator"]:
-            a = v["allocator"]
-            parts.append(f"torch: allocated {gib(a['allocated'], 2)}, reserved {gib(a['reserved'], 2)}, "
-                         f"peak {gib(a['peak'], 2)}")
-        self.numbers.value = " · ".join(html.escape(p) for p in parts)
+        self.numbers.value = html.escape(numbers_text(v))
         self.plot.value = v["svg"]
         rows = "".join(
             f"<tr style='{'font-weight:bold' if p['mine'] else ''}'><td>{p['pid']}</td>"
-            f"<td>{gib(p['memory'], 2)}</td><td>{'◀ this kernel' if p['mine'] else ''}</td></tr>"
+            f"<td>{gib(p['memory'])}</td><td>{'◀ this kernel' if p['mine'] else ''}</td></tr>"
             for p in v["processes"])
         self.procs.value = (f"<table><tr><th>pid</th><th>GPU memory</th><th></th></tr>{rows}</table>"
                             if rows else "<i>no processes</i>")
+
+
+def widget_tree(root: widgets.Widget) -> list[widgets.Widget]:
+    """`root` and every widget it holds — children, layouts, styles — each once, root first."""
+    seen: dict[int, widgets.Widget] = {}
+    stack = [root]
+    while stack:
+        w = stack.pop()
+        if id(w) in seen:
+            continue
+        seen[id(w)] = w
+        for name in w.keys:
+            value = getattr(w, name, None)
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(v, widgets.Widget):
+                    stack.append(v)
+    return list(seen.values())
 
 
 class GpuMonitor(widgets.VBox):
@@ -126,31 +174,63 @@ class GpuMonitor(widgets.VBox):
         self.replay = replay
         self.sampler = sampler or (Sampler(read=replay.read) if replay else process_sampler())
         self.sampler.history.seconds = max(self.sampler.history.seconds, self.window)
-        self.status = widgets.HTML("gpuctx monitor: waiting for the first sample…")
-        self.stop_button = widgets.Button(description="stop", tooltip="stop this monitor", layout={"width": "60px"})
-        self.stop_button.on_click(lambda _: self.close())
+        self._lock = threading.Lock()  # updates come from the sampler thread, stop/close from the cell's
+        self.stopped = False
+        self.last_sample: Sample | None = None
+        self._headline = ""  # the status line's first part, kept when the monitor stops
+        self.status = widgets.HTML(self._header("waiting for the first sample…"),
+                                   layout=widgets.Layout(flex="1 1 auto"))
+        # A fixed width let a long status line squeeze the label to "st…": size it to its text.
+        self.stop_button = widgets.Button(description="stop", tooltip="stop updating; the last frame stays",
+                                          layout=widgets.Layout(width="auto", min_width="5em", flex="0 0 auto"))
+        self.stop_button.on_click(self._clicked)
         self.cards: dict[str, _Card] = {}
+        self.details = widgets.HTML(layout=widgets.Layout(display="none"))  # shown, collapsed, without a GPU
         self._body = widgets.VBox()
         self._own = inventory.OwnPids()
         self._displayed_at: int | None = None
         self._cell: str | None = None  # the notebook cell that displayed it
-        super().__init__([widgets.HBox([self.status, self.stop_button]), self._body])
+        top = [widgets.HBox([self.status, self.stop_button], layout=widgets.Layout(align_items="center")),
+               self.details, self._body]
+        # The replay label is said before anything else, and built once: it never changes.
+        self.replay_label = widgets.HTML(replay_banner(replay)) if replay else None
+        super().__init__(([self.replay_label] if replay else []) + top)
         _open.add(self)
         self._token = self.sampler.subscribe(self.update, self.interval)
 
+    @staticmethod
+    def _header(text: str, mark: bool = False) -> str:
+        style = f"color:{TEXT_COLOR}"
+        if mark:  # stopped: a warn-coloured bar beside the text (text in warn orange would be too faint)
+            style += f";border-left:3px solid {WARN_MARK};padding-left:6px"
+        return f"<span style='{style}'>{text}</span>"
+
     def update(self, sample: Sample) -> None:
         """Called from the sampler thread: refresh every card from one sample."""
+        with self._lock:
+            if self.stopped:
+                return  # a read that was already under way when the monitor stopped
+            self.last_sample = sample
+            self._show(sample)
+
+    def _show(self, sample: Sample) -> None:
         inv = sample.inventory
         stamp = time.strftime("%H:%M:%S", time.localtime(sample.t))
         reason = inv.no_gpu_reason()
         if reason:
-            self.status.value = html.escape(f"No GPU is visible: {reason} (checked {stamp})")
+            self._headline = f"<b>No GPU is visible</b>: {html.escape(' '.join(reason.split()))}"
+            self.status.value = self._header(f"{self._headline} <span style='white-space:nowrap'>(checked {stamp})"
+                                             "</span>")
+            self.details.value = self._no_gpu_details(inv)
+            self.details.layout.display = None
             self._body.children = ()
             return
-        devices = self._wanted(inv.devices)
+        self.details.layout.display = "none"
+        devices = wanted(self.specs, inv.devices)
         pids = set() if self.replay else self._own.update(inv)
-        self.status.value = self._replay_mark() + html.escape(
-            f"gpuctx monitor · {len(devices)} GPU(s) · every {self.interval:g} s · last {self.window:g} s · {stamp}")
+        self._headline = html.escape(f"gpuctx monitor · {len(devices)} GPU{'' if len(devices) == 1 else 's'}")
+        self.status.value = self._header(
+            self._headline + html.escape(f" · every {self.interval:g} s · last {self.window:g} s · {stamp}"))
         fresh = False
         for d in devices:
             if d.record.uuid not in self.cards:
@@ -161,34 +241,59 @@ class GpuMonitor(widgets.VBox):
         if fresh or len(self._body.children) != len(devices):
             self._body.children = tuple(self.cards[d.record.uuid] for d in devices)
 
-    def _replay_mark(self) -> str:
-        """Said before anything else, so that no one takes a replay for live data."""
-        if not self.replay:
-            return ""
-        label = self.replay.label
-        text = (f"REPLAY of a trace recorded {label.get('recorded') or ''} on {label.get('host') or '?'}, "
-                f"not live data ({label['source']})")
-        return f"<b style='color:#e65100'>{html.escape(text)}</b><br>"
+    def _no_gpu_details(self, inv: inventory.Inventory) -> str:
+        """What else there is to know without a GPU, folded away under the one-line reason. Its text
+        changes only when the facts do, so an unfolded <details> stays open between samples."""
+        items = [f"sampled every {self.interval:g} s; the monitor shows the GPUs as soon as one is visible",
+                 *inv.notes]
+        warmup = _warmup_summary()
+        if warmup:
+            items.append(f"warm-up: {warmup}")
+        items.append("%gpu doctor checks the driver, NVML, CUDA_VISIBLE_DEVICES and torch, each with its fix")
+        lis = "".join(f"<li>{html.escape(i)}</li>" for i in items)
+        return (f"<details style='color:{TEXT_COLOR}'><summary>details</summary>"
+                f"<ul style='margin:2px 0'>{lis}</ul></details>")
 
-    def _wanted(self, devices) -> list[VisibleDevice]:
-        """The devices the specs name, resolved as `%gpu use` resolves them (all without specs)."""
-        if not self.specs:
-            return list(devices)
-        uuids = set()
-        for spec in self.specs:
-            try:
-                uuids.add(parse_spec(spec, devices).record.uuid)
-            except SpecError:
-                pass  # the magic already refused a bad spec; a GPU that went away just drops out
-        return [d for d in devices if d.record.uuid in uuids]
+    def _clicked(self, _button) -> None:
+        """The button does what it says: "stop" stops (as `stop()`), then "close" closes."""
+        if self.stopped:
+            self.close()
+        else:
+            self.stop()
+
+    def _halt(self) -> bool:
+        """Leave the sampler (it stops with its last listener); False if that was done before."""
+        if self.stopped:
+            return False
+        self.stopped = True
+        self.sampler.unsubscribe(self._token)
+        return True
+
+    def stop(self) -> None:
+        """Stop updating, and keep the last frame on screen, marked "stopped" (`close()` removes it)."""
+        with self._lock:
+            if not self._halt():
+                return
+            now = time.strftime("%H:%M:%S")
+            if self.last_sample is None:
+                text = html.escape(f"gpuctx monitor · stopped at {now}, before the first sample")
+            else:
+                last = time.strftime("%H:%M:%S", time.localtime(self.last_sample.t))
+                text = self._headline + html.escape(f" · stopped at {now}: the last sample, from {last}, stays shown")
+            self.status.value = self._header(text, mark=True)
+            self.stop_button.description = "close"
+            self.stop_button.tooltip = "remove this stopped monitor"
 
     def close(self) -> None:
-        """Stop updates (the sampler stops with the last monitor) and remove the widget."""
-        self.sampler.unsubscribe(self._token)
+        """Stop updates (the sampler stops with the last monitor) and close every widget of the
+        monitor, so that none is left open in the kernel or looked up by the frontend."""
+        with self._lock:  # after this, no update is under way or to come
+            self._halt()
         _open.discard(self)
-        for card in self.cards.values():
-            card.close()
-        super().close()
+        # Cards of GPUs that went away are no longer in the tree, but still open.
+        for root in (self, *self.cards.values()):
+            for w in widget_tree(root):
+                widgets.Widget.close(w)  # the widget itself (ours would recurse); twice does nothing
 
     def _ipython_display_(self):
         # `%gpu monitor` already displayed it: don't show it twice when the magic is the cell's last line.
@@ -199,12 +304,79 @@ class GpuMonitor(widgets.VBox):
         if ip is not None and self._displayed_at == ip.execution_count:
             self._displayed_at = None
             return
-        display(self._repr_mimebundle_(), raw=True)
+        display(self.bundle(), raw=True)
+
+    def bundle(self) -> dict:
+        """The widget's display data, whose text/plain (shown where widgets are not drawn: a
+        notebook viewer, a text export) says what it is, not the widget's repr."""
+        data = self._repr_mimebundle_()
+        what = f"{replay_text(self.replay)}; " if self.replay else ""
+        data["text/plain"] = (f"gpuctx monitor: {what}a widget that a notebook frontend (JupyterLab, Notebook 7, "
+                              "VS Code) draws while its kernel runs")
+        return data
 
 
-def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -> GpuMonitor:
-    """Display a live monitor of the given GPUs (all when none) and return it (`.close()` stops it).
-    `replay`: a `trace.Replay` (or a trace's path) to show instead of the live GPUs, labelled so."""
+def wanted(specs, devices) -> list[VisibleDevice]:
+    """The devices the specs name, resolved as `%gpu use` resolves them (all without specs)."""
+    if not specs:
+        return list(devices)
+    uuids = set()
+    for spec in specs:
+        try:
+            uuids.add(parse_spec(spec, devices).record.uuid)
+        except SpecError:
+            pass  # the magic already refused a bad spec; a GPU that went away just drops out
+    return [d for d in devices if d.record.uuid in uuids]
+
+
+def replay_text(replay) -> str:
+    """Said before anything else, so that no one takes a replay for live data."""
+    label = replay.label
+    return (f"REPLAY of a trace recorded {label.get('recorded') or '(date unknown)'} on {label.get('host') or '?'}, "
+            f"not live data ({os.path.basename(label['source'])})")
+
+
+def replay_banner(replay) -> str:
+    return (f"<div role='note' title='{html.escape(os.path.abspath(replay.label['source']), quote=True)}' "
+            f"style='{REPLAY_STYLE}'>{html.escape(replay_text(replay))}</div>")
+
+
+def _warmup_summary() -> str | None:
+    """The kernel's warm-up state, where the gpuctx extension is loaded."""
+    from IPython import get_ipython
+
+    magics = getattr(get_ipython(), "_gpuctx_magics", None)
+    return magics.warmer.status.summary() if magics is not None else None
+
+
+def renders_widgets(ip) -> bool:
+    """Whether a displayed widget reaches a frontend that draws it: only through a kernel's comms
+    (ipykernel's shell has a kernel; IPython in a terminal and plain Python have none)."""
+    return ip is not None and getattr(ip, "kernel", None) is not None
+
+
+def one_line(specs=(), replay=None, inv: inventory.Inventory | None = None) -> str:
+    """The monitor as one line of text, from one read: what a terminal gets instead of widgets."""
+    inv = (replay.read() if replay else inventory.take()) if inv is None else inv
+    reason = inv.no_gpu_reason()
+    if reason:
+        return f"{NO_FRONTEND}; No GPU is visible: {' '.join(reason.split())}"
+    cards = []
+    for d in wanted(specs, inv.devices):
+        r = d.record
+        memory = f"{gib(r.memory_used)} / {gib(r.memory_total)}" if r.memory_total else gib(r.memory_used)
+        card = f"cuda:{d.ordinal} {r.name} {pct(r.utilization)} {memory} {temp(r.temperature)} " \
+               f"{watts(r.power_w, r.power_limit_w)}"
+        cards.append(card + (f" (error: {r.error})" if r.error else ""))
+    what = f"one sample of a {replay_text(replay)}" if replay else "one sample"
+    return f"{NO_FRONTEND}; {what}: " + " · ".join(cards)
+
+
+def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -> GpuMonitor | None:
+    """Display a live monitor of the given GPUs (all when none) and return it (`.stop()` freezes
+    it, `.close()` removes it). `replay`: a `trace.Replay` (or a trace's path) to show instead of
+    the live GPUs, labelled so. Without a frontend that draws widgets, print one line of one
+    sample instead, start nothing, and return None."""
     from IPython import get_ipython
     from IPython.display import display
 
@@ -213,14 +385,17 @@ def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -
 
         replay = Replay(replay)
     ip = get_ipython()
+    if not renders_widgets(ip):
+        print(one_line(specs, replay))
+        return None
     cell = _cell_id(ip)
     if cell is not None:  # re-running a cell replaces its monitor (its old output is gone) instead of stacking
         for old in [m for m in list(_open) if m._cell == cell]:
             old.close()
     mon = GpuMonitor(specs, interval=interval, history=history, replay=replay)
     mon._cell = cell
-    display(mon._repr_mimebundle_(), raw=True)
-    mon._displayed_at = ip.execution_count if ip is not None else None
+    display(mon.bundle(), raw=True)
+    mon._displayed_at = ip.execution_count
     return mon
 
 

@@ -1,28 +1,86 @@
-"""Displayable reports: HTML in a notebook, aligned plain text in a terminal, from one model."""
+"""Displayable reports: HTML in a notebook, aligned plain text in a terminal, from one model.
+
+One formatter per unit, shared by `%gpu`, the monitor and (in TypeScript, labextension/src/format.ts)
+the panel and status bar, so that a figure reads the same wherever it appears:
+
+- precision: about three significant figures — two decimals below 10, one below 100, else none
+  (`5.70 GiB`, `12.1 GiB`, `140 GiB`), decided on the rounded value (9.996 is `10.0`);
+- bytes are binary: GiB from 1 GiB up, MiB below (`630 MiB`); exactly zero is `0 MiB`;
+- percentages, temperatures and watts are integers: `37%`, `39 °C`, `534 / 700 W`;
+- unknown is an en dash, `–`.
+"""
 from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 
 GIB = 1024**3
+MIB = 1024**2
+UNKNOWN = "–"
 
 
-def gib(n: int | None, digits: int = 1) -> str:
-    return "–" if n is None else f"{n / GIB:.{digits}f} GiB"
+def number(value: float) -> str:
+    """`value` with the precision rule: 5.70, 12.1, 140 (rounded half away from zero, as the
+    frontend's `toFixed` does)."""
+    exact = Decimal(value)
+    decimals = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    while True:
+        text = str(exact.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+        if decimals == 0 or abs(Decimal(text)) < (10 if decimals == 2 else 100):
+            return text
+        decimals -= 1  # 9.996 rounds to 10.00: one decimal fewer, as if it had been 10
+
+
+def _bytes_parts(n: float) -> tuple[str, str]:
+    if n == 0:
+        return "0", "MiB"
+    if abs(n) >= GIB:
+        return number(n / GIB), "GiB"
+    m = number(n / MIB)
+    if abs(Decimal(m)) >= 1024:  # rounds up to 1024 MiB: write it as 1.00 GiB
+        return number(n / GIB), "GiB"
+    return m, "MiB"
+
+
+def gib(n: int | None, digits: int | None = None) -> str:
+    """Bytes as every gpuctx view writes them: `5.70 GiB`, `12.1 GiB`, `140 GiB`, `630 MiB`; `–`
+    when unknown. `digits` is accepted for older callers and ignored: the precision rule decides."""
+    if n is None:
+        return UNKNOWN
+    value, unit = _bytes_parts(n)
+    return f"{value} {unit}"
 
 
 def mib(n: int | None) -> str:
-    return "–" if n is None else f"{n / 1024**2:.0f} MiB"
+    """Bytes always in MiB (amounts that are small by nature): `34.0 MiB`, `512 MiB`."""
+    return UNKNOWN if n is None else f"{number(n / MIB)} MiB"
 
 
 def signed(n: int) -> str:
-    sign = "+" if n >= 0 else "-"
-    n = abs(n)
-    return f"{sign}{n / GIB:.2f} GiB" if n >= 64 * 1024**2 else f"{sign}{n / 1024**2:.1f} MiB"
+    """A change in bytes with its sign: `+48.0 MiB`, `-1.25 GiB`, `+0 MiB`."""
+    return ("+" if n >= 0 else "-") + gib(abs(n))
 
 
-def pct(n: int | None) -> str:
-    return "–" if n is None else f"{n}%"
+def pct(n: float | None) -> str:
+    """`37%` (an integer, no space, as nvidia-smi writes it)."""
+    return UNKNOWN if n is None else f"{_int(n)}%"
+
+
+def temp(celsius: float | None) -> str:
+    """`39 °C` (with a space)."""
+    return UNKNOWN if celsius is None else f"{_int(celsius)} °C"
+
+
+def watts(w: float | None, limit: float | None = None) -> str:
+    """`534 / 700 W`, or `534 W` without a limit."""
+    if w is None:
+        return UNKNOWN
+    return f"{_int(w)} / {_int(limit)} W" if limit else f"{_int(w)} W"
+
+
+def _int(v: float) -> int:
+    return int(Decimal(v).quantize(Decimal(1), rounding=ROUND_HALF_UP))
 
 
 def text_table(header: list[str], rows: list[list[str]]) -> str:

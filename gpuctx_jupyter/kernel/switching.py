@@ -3,7 +3,8 @@
 `cudaSetDevice` is per host thread and torch's default device is thread-local, so a choice made
 in one cell must be re-applied in whatever thread runs the next one; frameworks imported after
 the choice must pick it up before their first GPU use. This module owns both mechanisms:
-a cheap per-cell check and a post-import hook.
+a cheap per-cell check and a post-import hook. Threads the notebook starts get the starting
+thread's choice through `threads.ThreadFollower`, which the Switcher owns.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..core import frameworks as fws
+from .threads import ThreadFollower
 
 WATCHED = {fw.module: fw for fw in fws.ALL}
 # JAX's and Numba's start-up touch every GPU and leave the thread on the last one they touched:
@@ -37,16 +39,47 @@ class Applied:
 
 
 class Switcher:
-    """Holds the current choice (a stack: `%%on_gpu` pushes, `%gpu use` replaces the base)."""
+    """Holds the current choice (a stack: `%%on_gpu` pushes, `%gpu use` replaces the base).
 
-    def __init__(self, cuda_starting=lambda: False):
+    `frameworks` are the adapters it keeps on the choice, in the order they are switched (tests
+    pass recording fakes); torch's default device is handled by the one named "torch".
+    """
+
+    def __init__(self, cuda_starting=lambda: False, frameworks=APPLY_ORDER):
         # True while another thread (the warm-up) is starting CUDA: a cell must then wait
         # for it and set its own thread's device, rather than skip torch.
         self.cuda_starting = cuda_starting
+        self.frameworks: tuple[fws.Framework, ...] = tuple(frameworks)
         self._stack: list[Choice] = []
         self._lock = threading.RLock()
         self._saved_torch_default: object = None
         self._torch_default_owned = False
+        self.threads = ThreadFollower(self)
+
+    def framework(self, name: str) -> fws.Framework | None:
+        return next((fw for fw in self.frameworks if fw.name == name), None)
+
+    def _loaded(self) -> list[fws.Framework]:
+        return [fw for fw in self.frameworks if fw.loaded()]
+
+    # -- threads the notebook starts (see threads.py) --------------------------------------------
+    @property
+    def follow_threads(self) -> bool:
+        """Whether threads started from Python begin on the starting thread's device (default True)."""
+        return self.threads.follow
+
+    @follow_threads.setter
+    def follow_threads(self, value: bool) -> None:
+        self.threads.follow = bool(value)
+
+    @property
+    def thread_warnings(self) -> list[str]:
+        """One line per thread whose switch failed (that thread runs on its default device)."""
+        return self.threads.warnings
+
+    def threads_report(self) -> list[str]:
+        """Sentences for `%gpu status`: whether threads follow, and live threads on another device."""
+        return self.threads.report()
 
     @property
     def choice(self) -> Choice | None:
@@ -63,9 +96,8 @@ class Switcher:
 
     def apply_all(self) -> Applied:
         applied = Applied()
-        for fw in APPLY_ORDER:
-            if fw.loaded():
-                self._apply_one(fw, applied)
+        for fw in self._loaded():
+            self._apply_one(fw, applied)
         self._merge(self._apply_default(self.choice), applied)
         return applied
 
@@ -82,15 +114,15 @@ class Switcher:
         except Exception as exc:  # a framework's own error must not break the switch of the others
             applied.errors[fw.name] = f"{type(exc).__name__}: {exc}"
             return
-        lazy = fw is fws.TORCH and not fw.initialized()
+        lazy = fw.name == "torch" and not fw.initialized()
         applied.results[fw.name] = f"cuda:{choice.ordinal}" + (" (from CUDA start-up)" if lazy else "")
 
     def _apply_default(self, choice: Choice | None) -> Applied:
         """torch's default device follows `--default`; CuPy, Numba and JAX always allocate on
         the current device, so for them the switch itself is the default."""
         applied = Applied()
-        torch = fws.TORCH
-        if not torch.loaded() or torch.gpu_reason():
+        torch = self.framework("torch")
+        if torch is None or not torch.loaded() or torch.gpu_reason():
             return applied
         if choice is not None and choice.default:
             before = torch.set_default(choice.ordinal)
@@ -111,8 +143,9 @@ class Switcher:
     @contextlib.contextmanager
     def scoped(self, choice: Choice):
         """Run a block on `choice` and restore every framework afterwards, whatever happens."""
-        saved = {fw.name: fw.current() for fw in fws.loaded() if not fw.gpu_reason()}
-        saved_default = fws.TORCH.default_device() if fws.TORCH.loaded() else None
+        saved = {fw.name: fw.current() for fw in self._loaded() if not fw.gpu_reason()}
+        torch = self.framework("torch")
+        saved_default = torch.default_device() if torch is not None and torch.loaded() else None
         with self._lock:
             self._stack.append(choice)
             saved_owned = (self._saved_torch_default, self._torch_default_owned)
@@ -126,7 +159,7 @@ class Switcher:
                 self._restore(saved, saved_default, saved_owned)
 
     def _restore(self, saved, saved_default, saved_owned) -> None:
-        for fw in fws.loaded():
+        for fw in self._loaded():
             if fw.gpu_reason():
                 continue
             # A framework imported inside the block goes back to the kernel's choice (or 0).
@@ -139,9 +172,9 @@ class Switcher:
                 fw.set_current(target)
             except Exception:
                 pass  # restoring must never mask the cell's own exception
-        torch = fws.TORCH
-        if torch.loaded() and not torch.gpu_reason() and self._torch_default_owned:
-            torch.mod.set_default_device(saved_default)
+        torch = self.framework("torch")
+        if torch is not None and torch.loaded() and not torch.gpu_reason() and self._torch_default_owned:
+            torch.set_default(None, previous=saved_default)
         self._saved_torch_default, self._torch_default_owned = saved_owned
 
     def enforce(self) -> None:
@@ -149,11 +182,11 @@ class Switcher:
         choice = self.choice
         if choice is None:
             return
-        for fw in (fws.TORCH, fws.CUPY):
-            if not fw.loaded():
+        for fw in self._loaded():
+            if fw.name not in ("torch", "cupy"):
                 continue
             try:
-                if fw is fws.TORCH and not fw.initialized():
+                if fw.name == "torch" and not fw.initialized():
                     if self.cuda_starting():
                         fw.mod.cuda.set_device(choice.ordinal)  # waits on torch's lazy-init lock
                     continue  # otherwise the queued lazy call takes care of it
@@ -161,21 +194,21 @@ class Switcher:
                     fw.set_current(choice.ordinal)
             except Exception:
                 pass
-        if choice.default and fws.TORCH.loaded() and fws.TORCH.gpu_reason() is None:
-            want = f"cuda:{choice.ordinal}"
-            if fws.TORCH.default_device() != want:
-                fws.TORCH.set_default(choice.ordinal)
+        torch = self.framework("torch")
+        if (choice.default and torch is not None and torch.loaded() and torch.gpu_reason() is None
+                and torch.default_device() != f"cuda:{choice.ordinal}"):
+            torch.set_default(choice.ordinal)
 
     def on_import(self, module: str) -> None:
         """A watched framework finished importing: give it the kernel's device."""
-        fw = WATCHED.get(module)
+        fw = next((fw for fw in self.frameworks if fw.module == module), None)
         if fw is None or self.choice is None:
             return
         applied = Applied()
         self._apply_one(fw, applied)
-        if fw is fws.TORCH:
+        if fw.name == "torch":
             self._merge(self._apply_default(self.choice), applied)
-        elif fw in (fws.JAX, fws.NUMBA):
+        elif fw.name in ("jax", "numba"):
             self.enforce()  # their start-up may have moved this thread off the chosen device
 
 
