@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from .harness.kernels import run, start, stop
-from .harness.notebooks import STATUS, kernel_config_env
+from .harness.notebooks import STATUS, kernel_config_env, notebook
 from .harness.notebooks import warm_status as status
 from .harness.server import Server
 
@@ -53,3 +54,89 @@ def test_assigned_device_is_current_and_warmed(tmp_path, mode):
             assert seen == list(range(min(n, 2)))
     finally:
         srv.stop()
+
+
+# -- the notebook recipe ----------------------------------------------------------------------------
+PLAN = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait(180)\n"
+        "print(json.dumps({'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict()}))")
+OWN_MEMORY = ("import json; from gpuctx_jupyter.core import inventory\n"
+              "print(json.dumps(inventory.process_memory(inventory.take())))")
+
+
+def notebook_kernel(tmp_path, cells, policy="auto"):
+    """A kernel as the server's hook starts one for a notebook: --ext=gpuctx, GPUCTX_WARM, JPY_SESSION_NAME."""
+    (tmp_path / "work").mkdir(parents=True, exist_ok=True)
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, cells)
+    return start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": policy, "GPUCTX_WARM_SOURCE": "server hook"},
+                 extra_arguments=["--ext=gpuctx"], cwd=str(nb.parent))
+
+
+def warmed(kc) -> dict:
+    r = run(kc, PLAN, timeout=240)
+    assert r.reply["status"] == "ok", r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_cupy_only_notebook_gets_cupy_warmed_and_no_torch_context(tmp_path):
+    km, kc = notebook_kernel(tmp_path, ["import cupy as cp", "x = cp.ones((1024, 1024)) @ cp.ones((1024, 1024))"])
+    try:
+        out = warmed(kc)
+        assert out["status"]["state"] == "done", out
+        assert out["plan"]["frameworks"] == ["cupy"]
+        assert {s["name"]: s["state"] for s in out["plan"]["steps"]}["cupy ops"] == "done"
+        r = run(kc, "import sys; print('torch' in sys.modules)")
+        assert r.stdout.strip() == "False"  # no torch import, so no torch context
+    finally:
+        stop(km, kc)
+
+
+def test_a_training_notebook_gets_backward_and_optimizer_steps_warmed(tmp_path):
+    km, kc = notebook_kernel(tmp_path, [
+        "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F",
+        ("model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()\n"
+         "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\n"
+         "x = torch.randn(256, 64, device='cuda'); y = torch.randint(0, 10, (256,), device='cuda')\n"
+         "for _ in range(3):\n    loss = F.cross_entropy(model(x), y)\n    opt.zero_grad(); loss.backward(); opt.step()\n"
+         "torch.cuda.synchronize()")])
+    try:
+        out = warmed(kc)
+        steps = {s["name"]: s for s in out["plan"]["steps"]}
+        assert out["status"]["state"] == "done", out["status"]
+        for name in ("cuda init", "backward", "import torch._dynamo", "optimizer step (AdamW)"):
+            assert steps[name]["state"] == "done", (name, steps[name])
+        assert steps["optimizer step (AdamW)"]["where"] == "cell 2, line 2"
+    finally:
+        stop(km, kc)
+
+
+def test_a_notebook_that_says_gpu_use_0_warms_cuda_0(tmp_path):
+    km, kc = notebook_kernel(tmp_path, ["%load_ext gpuctx\n%gpu use 0", "import torch\nx = torch.ones(4, device='cuda')"])
+    try:
+        out = warmed(kc)
+        assert out["plan"]["devices"] == ["0"] and out["status"]["device"] == 0, out
+        assert out["status"]["state"] == "done"
+        memory = json.loads(run(kc, OWN_MEMORY).stdout.strip().splitlines()[-1])
+        assert set(memory) == {"0"}, memory  # only the device the notebook named holds our context
+    finally:
+        stop(km, kc)
+
+
+def test_memory_after_the_first_cell_is_within_5_percent_of_a_cold_kernel(tmp_path):
+    cells = ["import torch\nimport torch.nn as nn",
+             ("model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).cuda()\n"
+              "y = model(torch.randn(32, 64, device='cuda')); torch.cuda.synchronize()")]
+    used = {}
+    for policy in ("never", "auto"):
+        km, kc = notebook_kernel(tmp_path / policy, cells, policy=policy)
+        try:
+            if policy == "auto":
+                warmed(kc)
+            for cell in cells:
+                assert run(kc, cell, timeout=120).reply["status"] == "ok"
+            time.sleep(0.5)
+            used[policy] = sum(json.loads(run(kc, OWN_MEMORY).stdout.strip().splitlines()[-1]).values())
+        finally:
+            stop(km, kc)
+    assert used["never"] > 0
+    assert abs(used["auto"] - used["never"]) <= 0.05 * used["never"], used

@@ -9,11 +9,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import XLA_SET_BY, jax_preallocation
 from ..core import frameworks as fws
 from ..core import nvml
 from ..core.devices import device_order_problem
 from ..core.inventory import Inventory
-from .render import Section
+from .render import Section, gib
 from .reports import WrappedReport
 
 OK, INFO, WARN, ERROR = "ok", "info", "warn", "error"
@@ -143,7 +144,39 @@ def _count_findings(inv: Inventory) -> list[Finding]:
 
 def diagnose(inv: Inventory, warm=None) -> list[Finding]:
     return (_nvml_findings(inv) + _visibility_findings(inv) + _torch_findings(inv, warm) + _count_findings(inv)
-            + _env_findings())
+            + _env_findings() + _keeper_findings(inv))
+
+
+def _keeper_findings(inv: Inventory, env=None) -> list[Finding]:
+    """What the frameworks keep for themselves: JAX's preallocation (75% of every GPU it starts on
+    unless told otherwise) and CuPy's memory pool — the first things to name when another notebook
+    runs out of memory."""
+    env = os.environ if env is None else env
+    out = []
+    if fws.JAX.loaded() or fws.JAX.installed():
+        fraction = jax_preallocation(env)
+        by_server = env.get(XLA_SET_BY) == "server"
+        if fraction is None:
+            how = ("XLA_PYTHON_CLIENT_PREALLOCATE=false, set by the gpuctx server for the kernels it starts "
+                   "(c.GpuctxServer.jax_preallocate = True turns that off)" if by_server
+                   else "set in this kernel's environment")
+            out.append(Finding(OK, "JAX memory", f"preallocation is off ({how}): JAX takes GPU memory as it needs it"))
+        else:
+            total = max((d.record.memory_total or 0 for d in inv.devices), default=0)
+            grab = f" (~{gib(int(fraction * total))} of each {gib(total)} GPU)" if total else ""
+            loaded = fws.JAX.loaded()
+            out.append(Finding(WARN if loaded else INFO, "JAX memory",
+                               f"JAX {'preallocates' if loaded else 'will preallocate'} {fraction:.0%} of every GPU it "
+                               f"starts on{grab}, whether it uses it or not; other notebooks then run out of memory",
+                               "set XLA_PYTHON_CLIENT_PREALLOCATE=false (or XLA_PYTHON_CLIENT_MEM_FRACTION=0.3) in "
+                               "the kernel's environment before jax starts, then restart the kernel; kernels that "
+                               "a gpuctx server starts get it unless c.GpuctxServer.jax_preallocate = True"))
+    if fws.CUPY.loaded() and fws.CUPY.gpu_reason() is None:
+        cached = sum(f.reserved - f.allocated for f in fws.allocator_figures() if f.framework == "cupy")
+        if cached >= 2**30:
+            out.append(Finding(INFO, "CuPy memory", f"CuPy's memory pool keeps {gib(cached)} cached for reuse",
+                               "`%gpu free` returns it to the GPU; cupy.cuda.set_allocator(None) turns pooling off"))
+    return out
 
 
 def _env_findings() -> list[Finding]:

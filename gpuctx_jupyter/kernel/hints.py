@@ -1,7 +1,10 @@
-"""A one-line fix for PyTorch's mixed-devices error, printed under the traceback."""
+"""What gpuctx prints under a traceback: a one-line fix for PyTorch's mixed-devices error, and the
+out-of-memory explanation (kernel/oom.py: the device, this kernel, the other holders, the fixes)."""
 from __future__ import annotations
 
 import re
+
+from . import oom
 
 _MIXED = re.compile(r"Expected all tensors to be on the same device|is on (?:cpu|cuda:\d+), different from other tensors")
 _DEVICE = re.compile(r"\b(cpu|cuda:\d+)\b")
@@ -29,3 +32,11 @@ def mixed_devices_hint(exc: BaseException | None) -> str | None:
             f".to('{g}'), or make new tensors land there with `%gpu use {g.split(':')[1]} --default`."
         )
     return "gpuctx: tensors on different devices were combined: move them to one device with .to(device)."
+
+
+def hint_for(exc: BaseException | None) -> str | None:
+    """The text to print under the traceback of `exc`, or None. Costs nothing without an error;
+    the out-of-memory explanation reads NVML and the holders file only for an out-of-memory error."""
+    if exc is None:
+        return None
+    return mixed_devices_hint(exc) or oom.explain(exc)

@@ -3,13 +3,19 @@
 The control channel is answered even while a cell runs, so a server (or a gateway in front of
 a remote kernel) learns a busy kernel's device, allocator figures and warm-up state at once.
 Message: `gpuctx_request` (empty content) → `gpuctx_reply` with `report()`'s content.
+
+`gpuctx_release_request` → `gpuctx_release_reply`: the server's "Release cached memory" action
+runs what `%gpu free` runs (oom.release_memory: drop the failed cell's references, gc, return the
+frameworks' cached blocks) and replies with what went back. It runs on the control thread, also
+while a cell runs: see oom.py for why that is safe. User variables are never touched.
 """
 from __future__ import annotations
 
 import os
 
-from ..contract import POOLED, REPLY, REQUEST
+from ..contract import POOLED, RELEASE_REPLY, RELEASE_REQUEST, REPLY, REQUEST
 from ..core import frameworks as fws
+from . import oom
 
 
 def report(magics) -> dict:
@@ -26,8 +32,10 @@ def report(magics) -> dict:
         "frameworks": {fw.name: fw.loaded() for fw in fws.ALL},
         "memory": memory,
         "warmup": magics.warmer.status.as_dict(),
+        "plan": magics.warmer.plan.as_dict() if magics.warmer.plan else None,  # the notebook's warm plan
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "pooled": POOLED in os.environ,  # handed out by the server's warm kernel pool
+        "last_oom": oom.last_oom,  # {time, framework, ordinal, requested} of its last out-of-memory error
     }
 
 
@@ -45,10 +53,19 @@ def register(ip, magics) -> None:
             content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
         kernel.session.send(stream, REPLY, content, parent, ident)
 
+    def release(stream, ident, parent):
+        try:
+            content = oom.release_memory(ip).as_reply()
+        except Exception as exc:  # the answer must come, whatever happens
+            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+        kernel.session.send(stream, RELEASE_REPLY, content, parent, ident)
+
     handlers[REQUEST] = handle
+    handlers[RELEASE_REQUEST] = release
 
 
 def unregister(ip) -> None:
     handlers = getattr(getattr(ip, "kernel", None), "control_handlers", None)
     if handlers is not None:
         handlers.pop(REQUEST, None)
+        handlers.pop(RELEASE_REQUEST, None)

@@ -3,7 +3,6 @@ reports from `reports`, device switching through the `Switcher`."""
 from __future__ import annotations
 
 import ast
-import gc
 import os
 import sys
 import time
@@ -17,8 +16,8 @@ from ..contract import DEFAULT_OPS, FRAMEWORKS
 from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, parse_spec, read_spec
-from . import commands, doctor, hints, reports
-from .render import gib, mib, signed
+from . import commands, doctor, hints, oom, reports
+from .render import gib, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
 from .warmup import Warmer
 
@@ -70,7 +69,8 @@ class GpuMagics(Magics):
         torch = fws.TORCH
         if torch.loaded() and torch.gpu_reason() is None:
             self.cell_thread_device = (torch.current(), torch.default_device())
-        hint = hints.mixed_devices_hint(getattr(result, "error_in_exec", None))
+        error = getattr(result, "error_in_exec", None)
+        hint = hints.hint_for(error) if error is not None else None
         if hint:
             print(hint, file=sys.stderr)
 
@@ -155,33 +155,14 @@ class GpuMagics(Magics):
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
-        display(reports.status_report(inventory.take(), self.switcher, self.warmer.status))
+        display(reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines()))
 
     def _gpu_mem(self, args):
         display(reports.memory_report(inventory.take()))
 
     def _gpu_free(self, args):
-        loaded = [fw for fw in fws.loaded() if not fw.gpu_reason()]
-        collected = gc.collect()
-        if not loaded:
-            why = "; ".join(fw.gpu_reason() for fw in fws.loaded()) or "no GPU framework is imported in this kernel"
-            print(f"gpuctx: nothing to free on a GPU: {why} (gc collected {collected} objects)")
-            return
-        before = inventory.process_memory(inventory.take())
-        released = {fw.name: fw.release_cached() for fw in loaded}
-        after_inv = inventory.take()
-        after = inventory.process_memory(after_inv)
-        total = sum(released.values())
-        parts = ", ".join(f"{k} {mib(v)}" for k, v in released.items())
-        line = f"gpuctx: returned {gib(total)} of cached allocator memory to the GPU ({parts})"
-        if before or after:
-            dropped = sum(before.values()) - sum(after.values())
-            held = ", ".join(f"cuda:{k} {gib(v)}" for k, v in sorted(after.items()))
-            change = (f"fell by {mib(dropped)}" if dropped > 0
-                      else f"rose by {mib(-dropped)}" if dropped < 0 else "did not change")
-            line += f"; NVML: this kernel's GPU memory {change} and is now {held or '0'}"
-            line += " (the CUDA context and library handles stay until the kernel restarts)"
-        print(line)
+        # The same code path as the server's release request (kernel_view, RELEASE_REQUEST).
+        print(oom.describe_release(oom.release_memory(self.shell)))
 
     def _gpu_warm(self, args):
         names = [n.strip() for n in args.frameworks.split(",") if n.strip()]

@@ -99,7 +99,7 @@ def _thread_lines(switcher) -> list[str]:
     return lines
 
 
-def status_report(inv: inventory.Inventory, switcher, warm) -> Report:
+def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str] | None = None) -> Report:
     """`%gpu status`: without a GPU, that first (one line); then the device in force and who chose
     it, who started CUDA, the warm-up, each framework's state, this kernel's memory, threads."""
     choice = switcher.choice
@@ -141,6 +141,8 @@ def status_report(inv: inventory.Inventory, switcher, warm) -> Report:
     mem = allocator_rows(inv)
     if mem:
         sections.append(Section("this kernel's GPU memory", ALLOCATOR_HEADER, mem))
+    if plan_lines:  # what the warm-up read from the notebook, each step with the line that asked for it
+        sections.append(Section("warm plan", lines=plan_lines))
     threads = _thread_lines(switcher)
     if threads and (not reason or switcher.thread_warnings):  # no GPU: nothing to follow, say nothing
         sections.append(Section("threads", lines=threads))

@@ -1,31 +1,53 @@
-"""Pre-warming CUDA in a background thread, so the first GPU cell runs at steady-state speed.
+"""Pre-warming in a background thread, so the notebook's first cells run at steady-state speed.
 
-The thread imports the frameworks, starts CUDA on the kernel's device and runs what people run
-first (an allocation, fp32 and bf16 matmuls, a cuDNN convolution), then exits: its cuBLAS and
-cuDNN handles go back to torch's pools, so it leaves no extra GPU memory behind. It never holds
-up kernel readiness or a cell; a cell that touches CUDA meanwhile waits on torch's own
-lazy-init lock for the rest only. Failures are recorded and logged once, never raised.
+The thread carries out a plan (`notebook_plan`): by default what the kernel's notebook will run
+first — its set-up, its imports, its GPU frameworks, and the GPU work of its first cells
+(precisions, convolutions, attention, a backward and an optimizer step when it trains) on the
+device it names — or the fixed `basic` recipe. Then it exits: its cuBLAS and cuDNN handles go back
+to torch's pools, so it leaves no extra GPU memory behind.
+
+It gives way to the user. It starts after the kernel's first kernel_info reply (readiness is not
+delayed); it starts no step while a cell runs, and no heavy step (an import, torch._dynamo)
+until the user has been idle a moment; a cell that imports while the warm-up is importing waits
+for that import to finish (never a partially initialised module); once a cell of the user's does
+GPU work, the warm-up does no more of its own. Failures are recorded, logged once and never raised.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import os
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
-from traitlets import Enum, List, Unicode, default
+from traitlets import Enum, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
-from ..contract import DEFAULT_OPS, FRAMEWORKS, OPS, WarmPlan
+from ..contract import DEFAULT_OPS, OPS, RECIPES, WarmPlan
 from ..core import frameworks as fws
 from ..core import inventory
+from . import notebook_plan
+from .notebook_plan import Plan, Step
 
 log = logging.getLogger("gpuctx")
-# A first cell that names one of these will do its own first GPU work: the warm-up then stops
-# after its current phase instead of competing with it (import and CUDA start-up are shared).
-_GPU_CELL = re.compile(r"\b(?:torch|cuda|cupy|jax|jnp|numba|on_gpu)\b")  # not %gpu: `%gpu status` only looks
+# A cell that names one of these does its own first GPU work: the warm-up then does no more GPU
+# work of its own (two threads would each keep a set of cuBLAS/cuDNN handles).
+_GPU_CELL = re.compile(r"\b(?:cuda|cupy|jax|jnp|numba|on_gpu)\b|\.to\(\s*device\b|\bdevice\s*=")
+_IMPORTS = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", re.MULTILINE)
+# After a kernel_info reply, the warm-up starts once the kernel has had this long without another:
+# a frontend connecting sends several (the server's nudge on shell and control, the frontend's own),
+# and an import holding the GIL must not delay the one that makes the frontend say "ready".
+START_GRACE_S = 0.25
+# Ops after which this thread holds cuBLAS/cuDNN handles of its own: while it lives, a user's
+# thread doing the same gets a second set (~100 MiB); once it exits, they go back to torch's pools.
+HANDLE_OPS = {"matmul_fp32", "matmul_bf16", "matmul_fp16", "conv", "conv_bf16", "attention", "autocast", "backward",
+              "grad_scaler", "optimizer"}
+LIGHT_IDLE_S = 0.2  # after a cell: the user idle this long before a light step (one GPU op)
+HEAVY_IDLE_S = 1.0  # ... and this long before a heavy one (an import, torch._dynamo)
 
 
 class GpuWarmup(Configurable):
@@ -38,14 +60,25 @@ class GpuWarmup(Configurable):
 
     policy = Enum(
         ["never", "always", "auto"],
-        help="""When the kernel warms CUDA at start-up. 'always': every kernel. 'auto': only
-        kernels whose notebook uses a GPU framework (imports torch/cupy/jax/numba or uses %gpu /
-        %%on_gpu): a warmed kernel holds ~630 MiB of GPU memory. 'never': only `%gpu warm`.
-        GPUCTX_WARM=0 in the kernel's environment always wins (opt-out).""",
+        help="""When the kernel warms at start-up. 'always': every kernel. 'auto': only kernels
+        whose notebook uses a GPU framework (imports torch/cupy/jax/numba or uses %gpu /
+        %%on_gpu), and a new, empty notebook's imports (no CUDA): a warmed kernel holds ~630 MiB
+        of GPU memory. 'never': only `%gpu warm`. GPUCTX_WARM=0 in the kernel's environment always
+        wins (opt-out).""",
+    ).tag(config=True)
+
+    recipe = Enum(
+        list(RECIPES),
+        help="""What the kernel warms. 'notebook': what its notebook runs, read at every kernel
+        start from the notebook's current content — its top-level imports of installed packages,
+        the GPU frameworks it uses and no other, its precisions, a backward and an optimizer step
+        when it trains, on the device it names (`%gpu use`, `%%on_gpu`, `cuda:N`). 'basic': the
+        fixed recipe (`frameworks`, `ops`, `imports`). `ops` and `imports` add to either.""",
     ).tag(config=True)
 
     frameworks = List(
-        Unicode(), help="Frameworks to import and warm, in order (torch, cupy, jax)."
+        Unicode(), help="""Frameworks to import and warm, in order (torch, cupy, jax): the basic recipe's,
+        and the notebook recipe's when a notebook uses gpuctx's magics but imports no framework."""
     ).tag(config=True)
 
     ops = List(
@@ -56,9 +89,33 @@ class GpuWarmup(Configurable):
         Unicode(), help="Other slow-to-import modules to import first (e.g. transformers, lightning)."
     ).tag(config=True)
 
+    import_deny = List(
+        Unicode(), default_value=list(notebook_plan.DEFAULT_DENY),
+        help="""Modules (and their submodules) the notebook recipe never imports in the background,
+        because importing them does more than define things: starts CUDA or preallocates GPU memory
+        (pycuda.autoinit, tensorflow), picks a GUI backend (matplotlib.pyplot), logs in or prompts
+        (wandb, google.colab). Set the full list to change it.""",
+    ).tag(config=True)
+
+    max_imports = Int(
+        notebook_plan.MAX_IMPORTS, help="At most this many of the notebook's imports are warmed."
+    ).tag(config=True)
+
+    import_budget = Float(
+        notebook_plan.IMPORT_BUDGET_S,
+        help="""Seconds the warm-up spends on imports in all; an import still running then is left
+        to finish in the background, and the rest are left to the notebook.""",
+    ).tag(config=True)
+
+    start_within = Float(
+        1.0, help="""Seconds after loading by which the warm-up starts at the latest; it starts
+        earlier, right after the kernel's first kernel_info reply, so readiness is never delayed."""
+    ).tag(config=True)
+
     device = Unicode(
         help="""Device this kernel starts on (a spec such as '1' or 'GPU-…'); empty: CUDA's
-        default. Set by the server's device assignment through GPUCTX_DEVICE."""
+        default. Set by the server's device assignment through GPUCTX_DEVICE; a device the
+        notebook names wins."""
     ).tag(config=True)
 
     device_source = Unicode(help="Who chose `device`, shown by %gpu status.").tag(config=True)
@@ -66,6 +123,10 @@ class GpuWarmup(Configurable):
     @default("policy")
     def _policy_default(self):
         return WarmPlan.from_env().policy
+
+    @default("recipe")
+    def _recipe_default(self):
+        return WarmPlan.from_env().recipe
 
     @default("frameworks")
     def _frameworks_default(self):
@@ -105,7 +166,7 @@ class WarmState:
         return None if self.started is None or self.finished is None else self.finished - self.started
 
     def summary(self) -> str:
-        phases = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in self.phases.items())
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items())
         where = f" on cuda:{self.device}" if self.device is not None else ""
         by = f", started by {self.source}" if self.source else ""
         if self.state == "running":
@@ -131,127 +192,420 @@ class WarmState:
 
 
 class Warmer:
-    """Owns the one warm-up thread of this kernel and its record."""
+    """Owns the one warm-up thread of this kernel, its plan and its record."""
 
     def __init__(self, switcher=None):
         self.switcher = switcher
         self.status = WarmState()
+        self.plan: Plan | None = None  # what the running or last warm-up does (as_dict(), lines())
+        self.import_budget = notebook_plan.IMPORT_BUDGET_S
         self._thread: threading.Thread | None = None
+        self._pending: tuple | None = None  # a start scheduled for the kernel's first kernel_info reply
+        self._grace: threading.Timer | None = None
+        self._on_start = None
+        self._under_way = threading.Event()  # set when the thread's first step has begun (or it ended)
+        self._cell_waits = False  # the running cell waits on the warm-up: it does not pause for it
         self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._cells = 0  # cells executing now
+        self._last_cell_end: float | None = None
+        self._waiters = 0  # threads in wait(): the warm-up does not pause for them
+        self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
+        self._holds_handles = False  # this thread ran a HANDLE_OPS op: it steps aside for a GPU cell
+        self._importing: threading.Event | None = None  # set when the import in flight ends
+        self._import_deadline = 0.0
         self._cell_started: float | None = None
-        self._yield = threading.Event()  # a GPU cell started: stop after the current phase
-        self._logged = False
 
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._pending is not None or (self._thread is not None and self._thread.is_alive())
 
+    # -- starting ----------------------------------------------------------------------------------
     def start(self, frameworks=("torch",), ops=DEFAULT_OPS, device: int | None = None, source: str = "%gpu warm",
               imports=()) -> bool:
-        """Start the thread (False when one is already running)."""
+        """Start the basic recipe now (False when a warm-up is already running)."""
+        plan = notebook_plan.basic(tuple(frameworks), tuple(ops), tuple(imports))
+        return self.start_plan(lambda: plan, device=device, source=source)
+
+    def start_plan(self, make_plan, device: int | None = None, source: str = "") -> bool:
+        """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
+        notebook never holds up the kernel). False when a warm-up is already running."""
         with self._lock:
-            if self.running:
+            if self._thread is not None and self._thread.is_alive():
                 return False
-            self.status = WarmState(state="running", source=source, device=device, phase="starting",
+            self._pending = None
+            self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
                                     started=time.monotonic())
+            self._under_way.clear()
             self._cell_started = None
-            self._yield.clear()
-            self._thread = threading.Thread(target=self._run, args=(tuple(imports), tuple(frameworks), tuple(ops),
-                                                                    device),
-                                            name="gpuctx-warmup", daemon=True)
+            self._user_gpu = self._holds_handles = False
+            self._thread = threading.Thread(target=self._run, args=(make_plan, device), name="gpuctx-warmup",
+                                            daemon=True)
             self._thread.start()
             return True
 
+    def schedule(self, make_plan, device: int | None = None, source: str = "", within: float = 1.0,
+                 on_start=None) -> None:
+        """Start soon after `answered()` (the kernel's kernel_info replies) or after `within` s,
+        whichever comes first; `on_start()` is called then."""
+        with self._lock:
+            self._pending = (make_plan, device, source)
+            self._on_start = on_start
+            self.status = WarmState(state="running", source=source, device=device, phase="starting")
+        _timer(within, self.go)
+
+    def answered(self, grace: float = START_GRACE_S) -> None:
+        """The kernel answered kernel_info: start once `grace` s pass without another answer."""
+        with self._lock:
+            if self._pending is None:
+                return
+            if self._grace is not None:
+                self._grace.cancel()
+            self._grace = _timer(grace, self.go)
+
+    def cancel_scheduled(self) -> None:
+        """Forget a scheduled start that has not begun (unloading)."""
+        with self._lock:
+            if self._pending is not None:
+                self._pending = None
+                self.status = WarmState(detail="unloaded before it started")
+
+    def go(self) -> bool:
+        """Start a scheduled warm-up now; False when none was scheduled."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            on_start, self._on_start = self._on_start, None
+            if self._grace is not None:
+                self._grace.cancel()
+        if pending is None:
+            return False
+        if on_start is not None:
+            on_start()
+        return self.start_plan(*pending)
+
     def wait(self, timeout: float | None = None) -> WarmState:
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        """Until the warm-up has finished (or `timeout`). A scheduled warm-up starts now, and this
+        returns no sooner than it is under way; it does not pause for the cell that waits."""
+        with self._cond:
+            self._waiters += 1
+            self._cell_waits = self._cells > 0
+            self._cond.notify_all()
+        try:
+            if self.go():
+                self._under_way.wait(0.5)
+            thread = self._thread
+            if thread is not None:
+                thread.join(timeout)
+        finally:
+            with self._cond:
+                self._waiters -= 1
         return self.status
 
-    # -- cell events: how long did the first cell overlap the warm-up? --------------------------
+    def plan_lines(self) -> list[str]:
+        """The plan for `%gpu status`: a header, one line per step (with the notebook line that
+        asked for it), then notes; empty when no plan was made."""
+        return self.plan.lines() if self.plan is not None else []
+
+    # -- cell events ------------------------------------------------------------------------------
     def cell_started(self, source: str = "") -> None:
-        if self.running and self._cell_started is None and self.status.first_cell_overlap is None:
-            self._cell_started = time.monotonic()
-        if self.running and _GPU_CELL.search(source or ""):
-            self._yield.set()
+        source = source or ""
+        with self._cond:
+            self._cells += 1
+            if not self.running:
+                return
+            if self._cell_started is None and self.status.first_cell_overlap is None:
+                self._cell_started = time.monotonic()
+            if _GPU_CELL.search(source):
+                self._user_gpu = True
+                self._cond.notify_all()
+            importing, deadline = self._importing, self._import_deadline
+            thread = self._thread if self._stepping_aside else None
+        if thread is not None:
+            # Let the thread exit first, so the cell's thread gets its handles from torch's pools.
+            thread.join(1.0)
+        if importing is not None and not importing.is_set() and _imports_packages(source):
+            # The cell may need what is being imported: let that import finish first, rather than
+            # have the cell compete with it or meet a half-imported package.
+            importing.wait(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def _stepping_aside(self) -> bool:
+        return self._user_gpu and self._holds_handles
 
     def cell_finished(self) -> None:
-        if self._cell_started is not None and self.running:
-            # The first cell finished before the warm-up did: it did not wait for it.
-            self.status.first_cell_overlap = 0.0
-            self._cell_started = None
+        with self._cond:
+            self._cells = max(0, self._cells - 1)
+            self._cell_waits = False
+            self._last_cell_end = time.monotonic()
+            if self._cell_started is not None and self.running and self.status.first_cell_overlap is None:
+                self.status.first_cell_overlap = 0.0  # it finished before the warm-up's step did
+                self._cell_started = None
+            self._cond.notify_all()
 
     # -- the thread -----------------------------------------------------------------------------
-    def _run(self, imports, frameworks, ops, device) -> None:
+    def _run(self, make_plan, device) -> None:
         st = self.status
         try:
-            for name in imports:
-                self._phase(f"import {name}", lambda: importlib.import_module(name))
-            for name in frameworks:
-                if name not in FRAMEWORKS:
-                    raise ValueError(f"cannot warm {name!r}: choose from {', '.join(FRAMEWORKS)}")
-            missing = [name for name in frameworks if not fws.BY_NAME[name].installed()]
-            if missing:
-                st.state, st.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
-                return
-            for name in frameworks:
-                self._phase(f"import {name}", lambda: importlib.import_module(name))
-            reason = self._cuda_reason(frameworks)
-            if reason:
-                st.state, st.detail = "skipped", reason
-                return
-            if device is None:
-                device = self.switcher.choice.ordinal if self.switcher and self.switcher.choice else 0
-            st.device = device
-            for name in frameworks:
-                getattr(self, f"_warm_{name}")(device, ops)
-            st.state = "done"
-        except _CutShort:
-            st.state = "done"
-            st.detail = "stopped early: your first GPU cell started and does the rest itself"
+            plan = self.plan = make_plan()
+            self._carry_out(plan, device)
+        except _SteppedAside:
+            for s in self.plan.steps:
+                if s.state in ("planned", "running"):
+                    s.state, s.detail = "skipped", "your own GPU cell started first"
+            st.state, st.detail = "done", "stopped early: your first GPU cell started and does the rest itself"
         except BaseException as exc:  # noqa: BLE001 — a warm-up must never take the kernel down
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
-            if not self._logged:
-                self._logged = True
-                log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
+            log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
         finally:
             st.phase = ""
             st.finished = time.monotonic()
-            if self._cell_started is not None:
-                st.first_cell_overlap = st.finished - self._cell_started
+            self._under_way.set()
+            with self._cond:
+                if self._cell_started is not None and st.first_cell_overlap is None:
+                    st.first_cell_overlap = st.finished - self._cell_started
                 self._cell_started = None
 
-    def _phase(self, name: str, fn) -> None:
-        if self._yield.is_set() and not name.startswith(("import", "cuda init")):
-            raise _CutShort
-        self.status.phase = name
-        t0 = time.perf_counter()
-        fn()
-        self.status.phases[name] = time.perf_counter() - t0
+    def _carry_out(self, plan: Plan, device) -> None:
+        st = self.status
+        for step in plan.steps:  # set-up first: literal settings the plan applies itself
+            if step.kind == "setup" and step.state == "planned":
+                name, value = step.env or ("", None)
+                if name and value is not None and name not in os.environ:
+                    os.environ[name] = value
+                    step.state = "done"
+                else:
+                    step.state, step.detail = "skipped", "the kernel's environment has it already"
+        missing = sorted({s.framework for s in plan.steps if s.kind == "framework" and s.state == "planned"
+                          and s.framework in fws.BY_NAME and not fws.BY_NAME[s.framework].installed()})
+        if missing:  # a configured framework this kernel lacks: nothing of the frameworks' part is done
+            for s in plan.steps:
+                if s.framework and s.state == "planned":
+                    s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
+        self._import_deadline = time.monotonic() + self.import_budget
+        for step in plan.steps:
+            if step.kind in ("import", "framework") and step.state == "planned":
+                self._import(step)
+        gpu = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
+        imported = [s.framework for s in plan.steps if s.framework and s.kind in ("import", "framework")
+                    and s.state == "done"]
+        reason = None
+        if gpu:
+            reason = self._gpu_reason(plan, imported)
+            if reason:
+                self._cpu_steps(plan)
+                short = reason.split("; ", 1)[-1].split(":", 1)[0]  # "no GPU is visible", ...
+                for s in gpu:
+                    if s.state == "planned":
+                        s.state, s.detail = "skipped", short
+            else:
+                self._gpu_steps(plan, device)
+        failed = [s for s in plan.steps if s.state == "failed"]
+        if failed:
+            first = failed[0]
+            st.state, st.detail = "failed", f"{first.name}: {first.detail}"
+        elif missing:
+            st.state, st.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
+        elif reason:
+            st.state, st.detail = "skipped", reason
+        elif not gpu and not plan.gpu:
+            st.state, st.detail = "done", f"imported only ({plan.reading})" if plan.reading else "imported only"
+        else:
+            st.state = "done"
+            if self._user_gpu and any(s.state == "skipped" and s.detail.startswith("your") for s in plan.steps):
+                st.detail = "stopped early: your first GPU cell started and does the rest itself"
+        if plan.stopped or plan.gpu_blocked:
+            st.detail = "; ".join(x for x in (st.detail, plan.gpu_blocked or plan.stopped) if x)
 
-    def _cuda_reason(self, frameworks) -> str | None:
-        """Why CUDA is not to be warmed here (None: go ahead)."""
+    # -- taking turns with the user ------------------------------------------------------------
+    def _turn(self, step: Step, heavy: bool) -> None:
+        """Until it is this step's turn: no cell running, and the user idle a moment after the
+        last one (longer before a heavy step); a cell waiting on the warm-up lets it go on."""
+        with self._cond:
+            while not (self._waiters or self._cell_waits or self._stepping_aside):
+                if self._cells == 0:
+                    if self._last_cell_end is None:
+                        return
+                    need = HEAVY_IDLE_S if heavy else LIGHT_IDLE_S
+                    idle = time.monotonic() - self._last_cell_end
+                    if idle >= need:
+                        return
+                    self._cond.wait(need - idle)
+                else:
+                    self.status.phase = f"starting {step.name} once your cells finish"
+                    self._cond.wait(1.0)
+
+    def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
+        """Run one step as a phase of the record; True when it ran."""
+        self._turn(step, heavy)
+        if self._stepping_aside:
+            raise _SteppedAside
+        if step.kind == "gpu" and self._user_gpu:
+            step.state, step.detail = "skipped", "your own GPU cell started first"
+            return False
+        self.status.phase = step.name
+        step.state = "running"
+        self._under_way.set()
+        t0 = time.perf_counter()
+        try:
+            fn()
+        except _SteppedAside:
+            raise
+        except Exception as exc:  # noqa: BLE001 — recorded and logged; the kernel works on without this step
+            step.state, step.detail = "failed", f"{type(exc).__name__}: {exc}"
+            log.warning("gpuctx warm-up failed at %s (the kernel works on; your notebook does it itself): %s",
+                        step.name, step.detail)
+            return False
+        finally:
+            step.seconds = time.perf_counter() - t0
+            self.status.phases[step.name] = step.seconds
+            with self._cond:
+                if self._cell_started is not None and self.status.first_cell_overlap is None:
+                    self.status.first_cell_overlap = time.monotonic() - self._cell_started
+                    self._cell_started = None
+        step.state = "done"
+        return True
+
+    # -- imports ------------------------------------------------------------------------------------
+    def _import(self, step: Step) -> None:
+        """Import in a helper thread, bounded by what is left of the import budget: an import that
+        hangs is left behind (recorded as such), not waited on."""
+        if time.monotonic() >= self._import_deadline:
+            step.state, step.detail = "skipped", f"the import budget ({self.import_budget:g} s) is spent"
+            return
+        if step.module in sys.modules and not step.names and not _initializing(sys.modules[step.module]):
+            step.state, step.detail, step.seconds = "done", "already imported", 0.0
+            return
+        done, box = threading.Event(), {}
+
+        def work():
+            try:
+                mod = importlib.import_module(step.module)
+                for name in step.names:  # `from x import y`: y may be a lazy attribute or a submodule
+                    if not hasattr(mod, name):
+                        importlib.import_module(f"{step.module}.{name}")
+            except BaseException as exc:  # noqa: BLE001 — recorded, never raised
+                box["exc"] = exc
+            finally:
+                done.set()
+
+        def run():
+            with self._cond:
+                self._importing = done
+            threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
+            while not done.wait(0.1):
+                if self._stepping_aside:  # the import goes on in its own thread, which holds no handles
+                    raise _SteppedAside
+                if time.monotonic() >= self._import_deadline:
+                    raise TimeoutError(f"still importing after the import budget ({self.import_budget:g} s); "
+                                       "left to finish in the background")
+            if "exc" in box:
+                exc = box["exc"]
+                raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
+
+        try:
+            self._phase(step, run, heavy=True)
+        finally:
+            with self._cond:
+                self._importing = None
+
+    # -- GPU and CPU work ---------------------------------------------------------------------
+    def _gpu_reason(self, plan: Plan, imported) -> str | None:
+        """Why no GPU work is done here (None: go ahead)."""
+        names = ", ".join(imported) or "nothing"
+        if plan.gpu_blocked:
+            return f"imported {names} only; {plan.gpu_blocked}"
         inv = inventory.take()
         why = inv.no_gpu_reason()
         if why:
-            return f"imported {', '.join(frameworks)} only; no GPU is visible: {why}"
-        if "torch" in frameworks:
+            return f"imported {names} only; no GPU is visible: {why}"
+        if "torch" in plan.frameworks and "torch" in imported:
             reason = fws.TORCH.gpu_reason()
             if reason:
-                return f"imported torch only; {reason}"
-            if fws.TORCH.initialized():
-                return "CUDA was already initialised in this kernel: nothing left to warm"
+                return f"imported {names} only; {reason}"
         return None
 
-    def _warm_torch(self, device: int, ops) -> None:
+    def _devices(self, plan: Plan, device) -> list[int]:
+        """CUDA ordinals to warm: the notebook's, else the given one, else the kernel's choice."""
+        ordinals = []
+        if plan.devices:
+            from ..core.devices import SpecError, parse_spec
+
+            devices = inventory.take().devices
+            for spec in plan.devices:
+                if spec.strip().lower() == "auto":
+                    plan.notes.append("`%gpu use auto` picks its device when it runs: the kernel's device is warmed")
+                    continue
+                try:
+                    ordinal = parse_spec(spec, devices).ordinal
+                except SpecError as exc:
+                    plan.notes.append(f"device {spec!r} named by the notebook: {exc}")
+                    continue
+                if ordinal not in ordinals:
+                    ordinals.append(ordinal)
+        if ordinals:
+            self._follow_notebook(plan, ordinals[0])
+            return ordinals
+        if device is None:
+            device = self.switcher.choice.ordinal if self.switcher and self.switcher.choice else 0
+        return [device]
+
+    def _follow_notebook(self, plan: Plan, ordinal: int) -> None:
+        """What the notebook says wins over the server's assignment: start the kernel on it."""
+        sw = self.switcher
+        if sw is None or (sw.choice is not None and sw.choice.ordinal == ordinal):
+            return
+        if sw.choice is None or "server" in sw.choice.source or "config" in sw.choice.source:
+            from .switching import Choice
+
+            sw.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
+
+    def _gpu_steps(self, plan: Plan, device) -> None:
+        ordinals = self._devices(plan, device)
+        self.status.device = ordinals[0]
+        template = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
+        for i, ordinal in enumerate(ordinals):
+            steps = template
+            if i:  # another device: the same work again, shown as its own steps
+                steps = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
+                              framework=s.framework, names=s.names) for s in template]
+                plan.steps += steps
+            for fw in ("torch", "cupy"):
+                mine = [s for s in steps if s.framework == fw]
+                if mine:
+                    getattr(self, f"_{fw}_steps")(plan, mine, ordinal)
+
+    def _cpu_steps(self, plan: Plan) -> None:
+        """No GPU: what still helps on the CPU — the optimizer's torch._dynamo import and one
+        training step (autograd and the optimizers' first use)."""
+        step = next((s for s in plan.steps if s.op == "optimizer" and s.state == "planned"), None)
+        if step is None or "torch" not in sys.modules:
+            if step is not None:
+                step.state = "skipped"
+            return
+        import torch
+
+        if "torch._dynamo" not in sys.modules:
+            dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
+                       detail="what an optimizer's first use imports")
+            plan.steps.insert(plan.steps.index(step), dyn)
+            self._import(dyn)
+        step.name = f"{step.name} on the CPU"
+        self._phase(step, lambda: _train_step(torch, torch.device("cpu"), step.names or ("adamw", "sgd")), heavy=True)
+
+    def _torch_steps(self, plan: Plan, steps: list[Step], ordinal: int) -> None:
         """What first cells run: each op loads its kernels (CUDA loads them lazily, process-wide)
         and creates the library handles that the user's thread then takes from torch's pools."""
         import torch
         import torch.nn.functional as F
 
-        dev = torch.device("cuda", device)
-        self._phase("cuda init", lambda: (torch.cuda.init(), torch.cuda.set_device(dev)))
+        dev = torch.device("cuda", ordinal)
+        ops = {s.op for s in steps}
         t = {}
+
+        def cuda_init():
+            if not torch.cuda.is_initialized():
+                torch.cuda.init()
+            torch.cuda.set_device(dev)
 
         def alloc():
             t["x"] = torch.randn(1024, 1024, device=dev)
@@ -260,58 +614,170 @@ class Warmer:
             torch.tensor([1.0, 2.0]).to(dev)
 
         def elementwise():
-            x, y = t["x"], t["y"]
+            x, y = _xy(t, torch, dev)
             z = torch.relu((x + y) * 2 - 1)
             z.sum().item(), z.mean().item(), z.max().item(), z.argmax().item()
             torch.softmax(z, dim=-1), torch.exp(z).cpu()
+            h = torch.randn(8, 64, device=dev)
+            F.gelu(h), F.layer_norm(h, (64,)), F.dropout(h, 0.1, training=True), torch.cat([h, h])
+            F.cross_entropy(h, torch.zeros(8, dtype=torch.long, device=dev)).item()
+            F.mse_loss(h, h).item()
+            F.embedding(torch.zeros(4, dtype=torch.long, device=dev), torch.randn(10, 64, device=dev))
 
-        def conv():
-            img, weight = torch.randn(8, 3, 64, 64, device=dev), torch.randn(16, 3, 3, 3, device=dev)
-            F.conv2d(img, weight, padding=1).sum().item()
-            F.conv2d(img.half(), weight.half(), padding=1).sum().item()
+        def matmul(dtype):
+            def run():
+                x, y = _xy(t, torch, dev)
+                (x.to(dtype) @ y.to(dtype)).float().sum().item()
+                F.linear(x[:64].to(dtype), y[:32].to(dtype), torch.zeros(32, device=dev, dtype=dtype)).sum().item()
+            return run
+
+        def conv(dtypes):
+            def run():
+                img, weight = torch.randn(8, 3, 64, 64, device=dev), torch.randn(16, 3, 3, 3, device=dev)
+                for dtype in dtypes:
+                    out = F.conv2d(img.to(dtype), weight.to(dtype), padding=1)
+                    out = F.batch_norm(out, None, None, torch.ones(16, device=dev, dtype=dtype),
+                                       torch.zeros(16, device=dev, dtype=dtype), training=True)
+                    F.adaptive_avg_pool2d(F.max_pool2d(F.relu(out), 2), 1).float().sum().item()
+            return run
+
+        def attention():
+            for dtype in (torch.float32, torch.bfloat16) if "matmul_bf16" in ops or "autocast" in ops else (
+                    torch.float32,):
+                q = torch.randn(2, 4, 64, 32, device=dev, dtype=dtype, requires_grad="backward" in ops)
+                out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+                if q.requires_grad:
+                    out.float().sum().backward()
+                out.float().sum().item()
+
+        def autocast():
+            dtypes = [d for d, op in ((torch.bfloat16, "matmul_bf16"), (torch.float16, "matmul_fp16")) if op in ops]
+            for dtype in dtypes or [torch.bfloat16]:
+                with torch.autocast("cuda", dtype=dtype):
+                    x, y = _xy(t, torch, dev)
+                    (x @ y).float().sum().item()
+                    if "conv" in ops:
+                        conv((torch.float32,))()
 
         def backward():
-            # Autograd only: an optimizer's first step imports torch._dynamo, seconds of holding
-            # the GIL that would slow the user's cells instead of speeding them up.
-            net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                                      torch.nn.Linear(8 * 16 * 16, 10)).to(dev)
+            net = _tiny_net(torch, "conv" in ops).to(dev)
             loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)), torch.zeros(4, dtype=torch.long,
                                                                                          device=dev))
             loss.backward()
 
-        steps = {"alloc": alloc, "elementwise": elementwise, "matmul fp32": lambda: (t["x"] @ t["y"]).sum().item(),
-                 "matmul bf16": lambda: (t["x"].bfloat16() @ t["y"].bfloat16()).float().sum().item(),
-                 "conv": conv, "backward": backward}
-        alloc_needed = any(op in ops for op in ("elementwise", "matmul_fp32", "matmul_bf16"))
+        def grad_scaler():
+            net = _tiny_net(torch, "conv" in ops).to(dev)
+            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+            scaler = torch.amp.GradScaler("cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
+                                       torch.zeros(4, dtype=torch.long, device=dev))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+
+        work = {"cuda_init": cuda_init, "alloc": alloc, "elementwise": elementwise,
+                "matmul_fp32": matmul(torch.float32), "matmul_bf16": matmul(torch.bfloat16),
+                "matmul_fp16": matmul(torch.float16), "conv": conv((torch.float32, torch.float16)),
+                "conv_bf16": conv((torch.bfloat16,)), "attention": attention, "autocast": autocast,
+                "backward": backward, "grad_scaler": grad_scaler}
         try:
-            for name, fn in steps.items():
-                if name.replace(" ", "_") in ops or (name == "alloc" and alloc_needed):
-                    self._phase(name, fn)
-            self._phase("sync", lambda: torch.cuda.synchronize(dev))
+            for step in steps:
+                if step.state != "planned":
+                    continue
+                if step.op == "optimizer":
+                    dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
+                               detail="what an optimizer's first use imports")
+                    if "torch._dynamo" not in sys.modules:
+                        plan.steps.insert(plan.steps.index(step), dyn)
+                        self._import(dyn)
+                    if self._user_gpu:  # the import was CPU work; the step itself is GPU work
+                        step.state, step.detail = "skipped", "your own GPU cell started first"
+                        continue
+                    self._holds_handles |= self._phase(
+                        step, functools.partial(_train_step, torch, dev, step.names or ("adamw", "sgd")), heavy=True)
+                elif step.op in work:
+                    if step.op != "cuda_init" and not torch.cuda.is_initialized():
+                        step.state, step.detail = "skipped", "CUDA did not start"
+                        continue
+                    if self._phase(step, work[step.op]) and step.op in HANDLE_OPS:
+                        self._holds_handles = True
+                else:
+                    step.state, step.detail = "skipped", f"unknown op {step.op!r}"
+            if torch.cuda.is_initialized() and not self._user_gpu:
+                self._phase(Step("gpu", "sync"), lambda: torch.cuda.synchronize(dev))
         finally:  # also when cut short: leave the allocator as a cold kernel would have it
             t.clear()
-            torch.cuda.empty_cache()
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()
 
-    def _warm_cupy(self, device: int, ops) -> None:
+    def _cupy_steps(self, plan: Plan, steps: list[Step], ordinal: int) -> None:
         import cupy
 
         def run():
-            with cupy.cuda.Device(device):
+            with cupy.cuda.Device(ordinal):
                 a = cupy.ones((1024, 1024), dtype=cupy.float32)
                 (a @ a).sum()
-                cupy.cuda.Device(device).synchronize()
-        self._phase("cupy ops", run)
-
-    def _warm_jax(self, device: int, ops) -> None:
-        import jax
-        import jax.numpy as jnp
-
-        def run():
-            gpu = jax.devices("gpu")[device]
-            a = jax.device_put(jnp.ones((1024, 1024), dtype=jnp.float32), gpu)
-            (a @ a).block_until_ready()
-        self._phase("jax ops", run)
+                cupy.cuda.Device(ordinal).synchronize()
+        for step in steps:
+            if step.state == "planned":
+                self._phase(step, run)
 
 
-class _CutShort(Exception):
-    """The user's first GPU cell started: the rest of the warm-up would only compete with it."""
+def _timer(seconds: float, fn) -> threading.Timer:
+    timer = threading.Timer(seconds, fn)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _xy(t: dict, torch, dev):
+    if "x" not in t:
+        t["x"], t["y"] = torch.randn(1024, 1024, device=dev), torch.rand(1024, 1024, device=dev)
+    return t["x"], t["y"]
+
+
+def _tiny_net(torch, conv: bool):
+    nn = torch.nn
+    if conv:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(8 * 16 * 16, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def _train_step(torch, dev, optimizers) -> None:
+    """One forward, backward and optimizer step per optimizer on a tiny model: autograd's engine,
+    the optimizers' first use (torch._dynamo, foreach kernels) and zero_grad."""
+    import torch.nn.functional as F
+
+    for name in optimizers:
+        net = _tiny_net(torch, False).to(dev)
+        opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if name == "adamw"
+               else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+        for _ in range(2):  # the second step uses the optimizer's state
+            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
+                                   torch.zeros(4, dtype=torch.long, device=dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        float(loss.detach())
+
+
+def _initializing(module) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _imports_packages(source: str) -> bool:
+    """Whether a cell imports a module beyond the standard library that is not fully imported yet
+    (it may need what the warm-up is importing)."""
+    for name in _IMPORTS.findall(source):
+        if name.split(".")[0] in sys.stdlib_module_names and name in sys.modules:
+            continue
+        if name not in sys.modules or _initializing(sys.modules[name]):
+            return True
+    return False
+
+
+class _SteppedAside(Exception):
+    """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread
+    exits now, so that its handles go back to torch's pools for the user's thread."""

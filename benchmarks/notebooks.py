@@ -1,0 +1,263 @@
+"""Real notebooks played as a user plays them, cold against warmed by their own plan, through a real jupyter_server.
+
+    python benchmarks/notebooks.py [--notebooks mlp_adamw,cnn_sgd] [--cases cold,idle,runall,restart,cpu]
+                                   [--repeat 1] [--idle 10] [--json benchmarks/results/notebooks.json]
+
+Two servers: warming off (`--GpuctxServer.warm_policy=never`) and the defaults (policy auto, the
+`notebook` recipe). Each notebook of benchmarks/notebooks/ is opened through a session, as
+JupyterLab opens one (so the kernel's JPY_SESSION_NAME names it), and its code cells are sent
+over the kernel websocket. Cases:
+
+  cold      warming off; the cells one after another, as soon as the kernel is ready
+  idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one
+  runall    defaults; every cell sent at once as soon as the kernel is ready (Run All)
+  restart   defaults; the kernel is restarted (it re-reads the notebook), then Run All at once
+  cpu       off and on: a CPU-bound pure-Python cell sent the moment the kernel is ready, while
+            the warm-up imports (does the warm-up slow a first cell that does not need it?)
+
+Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
+from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
+in the same kernel), and the GPU memory the kernel holds at the end (NVML, through
+gpuctx_jupyter.core.inventory inside the kernel). A notebook that needs what this machine lacks
+(two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gpuctx_jupyter.core import inventory  # noqa: E402
+from tests.harness.server import KernelSocket, Server  # noqa: E402
+
+NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
+CASES = ("cold", "idle", "runall", "restart", "cpu")
+CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
+# Run inside the kernel at the end: its warm-up record, its plan and the GPU memory NVML gives it.
+REPORT = ("import json as _j\nfrom gpuctx_jupyter.core import inventory as _inv\n"
+          "_m = getattr(get_ipython(), '_gpuctx_magics', None)\n"
+          "print(_j.dumps({'memory': _inv.process_memory(_inv.take()), "
+          "'warmup': _m.warmer.status.as_dict() if _m else None, "
+          "'plan': _m.warmer.plan_lines() if _m else []}))")
+
+
+def code_cells(path: str) -> tuple[list[str], dict]:
+    with open(path) as fh:
+        nb = json.load(fh)
+    cells = [c["source"] if isinstance(c["source"], str) else "".join(c["source"])
+             for c in nb["cells"] if c["cell_type"] == "code"]
+    return cells, nb.get("metadata", {}).get("gpuctx_benchmark", {})
+
+
+def why_skip(meta: dict, gpus: int) -> str | None:
+    if gpus < meta.get("gpus", 0):
+        return f"needs {meta['gpus']} GPUs, this machine has {gpus}"
+    missing = [m for m in meta.get("requires", []) if importlib.util.find_spec(m) is None]
+    return f"{', '.join(missing)} not installed" if missing else None
+
+
+class Session:
+    """A notebook opened in a server: its session, kernel and websocket."""
+
+    def __init__(self, srv: Server, path: str):
+        self.srv = srv
+        t0 = time.perf_counter()
+        status, model = srv.api("POST", "/api/sessions", {"path": path, "type": "notebook",
+                                                          "name": os.path.basename(path), "kernel": {"name": "python3"}})
+        assert status == 201, (status, model)
+        self.id, self.kernel = model["id"], model["kernel"]["id"]
+        self.ks = KernelSocket(srv, self.kernel)
+        self.ks.wait_ready()
+        self.ready = time.perf_counter() - t0
+
+    def run(self, code: str) -> dict:
+        r = self.ks.execute(code, timeout=600)
+        return {"seconds": r.seconds, "ok": r.reply.get("status") == "ok",
+                "error": None if r.reply.get("status") == "ok" else f"{r.reply.get('ename')}: {r.reply.get('evalue')}",
+                "stdout": r.stdout}
+
+    def run_all(self, cells: list[str]) -> list[dict]:
+        """Every cell sent at once; each one's time runs from the previous reply (or the send)."""
+        t0 = time.perf_counter()
+        ids = [self.ks.send("execute_request", {"code": c, "silent": False, "store_history": True,
+                                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+               for c in cells]
+        replies: dict[str, tuple[float, dict]] = {}
+        self.ks.ws.settimeout(600)
+        while len(replies) < len(ids):
+            msg = json.loads(self.ks.ws.recv())
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if parent in ids and msg["msg_type"] == "execute_reply":
+                replies[parent] = (time.perf_counter(), msg["content"])
+        out, last = [], t0
+        for i in ids:
+            at, content = replies[i]
+            ok = content.get("status") == "ok"
+            out.append({"seconds": at - last, "ok": ok, "error": None if ok else f"{content.get('ename')}: "
+                        f"{content.get('evalue')}"})
+            last = at
+        return out
+
+    def restart(self) -> float:
+        t0 = time.perf_counter()
+        status, _ = self.srv.api("POST", f"/api/kernels/{self.kernel}/restart")
+        assert status == 200, status
+        self.ks.wait_ready()
+        return time.perf_counter() - t0
+
+    def report(self) -> dict:
+        r = self.ks.execute(REPORT)
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"error": r.stderr[-500:]}
+
+    def close(self) -> None:
+        self.ks.close()
+        self.srv.api("DELETE", f"/api/sessions/{self.id}")
+        time.sleep(1.0)  # the kernel process and its context are gone before the next one
+
+
+def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> dict:
+    s = Session(srv, path)
+    try:
+        out = {"ready": s.ready}
+        if case == "cpu":
+            out["cpu_cell"] = s.run(CPU_CELL)["seconds"]
+            out["cpu_cell_steady"] = s.run(CPU_CELL)["seconds"]
+            return out
+        if case == "idle":
+            time.sleep(idle)
+        if case == "restart":
+            out["restart"] = s.restart()
+        first = s.run_all(cells) if case in ("runall", "restart") else [s.run(c) for c in cells]
+        steady = [s.run(c) for c in cells]
+        out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
+                   errors=[r["error"] for r in first + steady if r["error"]])
+        rep = s.report()
+        out["memory"] = sum((rep.get("memory") or {}).values())
+        out["warmup"], out["plan"] = rep.get("warmup"), rep.get("plan")
+        return out
+    finally:
+        s.close()
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict]) -> dict:
+    n = max((len(r.get("first", [])) for r in runs), default=0)
+
+    def cols(key, i):
+        return median([r[key][i] for r in runs if len(r.get(key, [])) > i])
+
+    return {"ready": median([r["ready"] for r in runs]),
+            "first": [cols("first", i) for i in range(n)], "steady": [cols("steady", i) for i in range(n)],
+            "first_total": median([sum(r["first"]) for r in runs if r.get("first")]),
+            "memory": median([r.get("memory") for r in runs]),
+            "cpu_cell": median([r.get("cpu_cell") for r in runs]),
+            "cpu_cell_steady": median([r.get("cpu_cell_steady") for r in runs]),
+            "restart": median([r.get("restart") for r in runs]),
+            "errors": sorted({e for r in runs for e in r.get("errors", [])})}
+
+
+def ms(v) -> str:
+    return "–" if v is None else f"{v * 1000:.0f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    names = sorted(f[:-6] for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb"))
+    ap.add_argument("--notebooks", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds the user waits in the idle case")
+    ap.add_argument("--json", default="benchmarks/results/notebooks.json")
+    args = ap.parse_args()
+    wanted = [n.strip() for n in args.notebooks.split(",") if n.strip()]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [n for n in wanted if n not in names] + [c for c in cases if c not in CASES]
+    if unknown:
+        ap.error(f"unknown notebook or case: {', '.join(unknown)}")
+
+    gpus = len(inventory.take().devices)
+    root = tempfile.mkdtemp(prefix="gpuctx-notebooks-")
+    skipped, todo = {}, {}
+    for name in wanted:
+        cells, meta = code_cells(os.path.join(NOTEBOOKS, f"{name}.ipynb"))
+        why = why_skip(meta, gpus)
+        if why:
+            skipped[name] = why
+        else:
+            shutil.copy(os.path.join(NOTEBOOKS, f"{name}.ipynb"), root)
+            todo[name] = cells
+    common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
+    off = Server(root, [*common, "--GpuctxServer.warm_policy=never"]).start()
+    on = Server(root, common).start()  # the defaults: policy auto, the notebook recipe
+    plan = [(case, srv) for case in cases for srv in ((off, on) if case == "cpu" else (off if case == "cold" else on,))]
+    runs: dict[str, dict[str, list]] = {n: {} for n in todo}
+    try:
+        for rep in range(args.repeat):  # interleaved, so drift hits every case alike
+            for name, cells in todo.items():
+                for case, srv in plan:
+                    key = case if case != "cpu" else f"cpu, warming {'off' if srv is off else 'on'}"
+                    runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
+                print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
+    finally:
+        off.stop()
+        on.stop()
+
+    table = {n: {case: summarize(rs) for case, rs in cs.items()} for n, cs in runs.items()}
+    env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
+           "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
+           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    print(f"\nnotebooks — {env['gpu']} ×{gpus}, torch {env['torch']}, {os.cpu_count()} CPUs, "
+          f"{args.repeat} repeat(s), idle {args.idle:g} s; medians in ms, per cell first/steady")
+    print(f"{'notebook':<18}{'case':<20}{'ready':>7}  {'cells first/steady':<44}{'first Σ':>9}{'GPU MiB':>9}")
+    for name, cs in table.items():
+        for case, s in cs.items():
+            if case.startswith("cpu"):
+                cells = f"CPU-bound cell at once {ms(s['cpu_cell'])}/{ms(s['cpu_cell_steady'])}"
+                print(f"{name:<18}{case:<20}{ms(s['ready']):>7}  {cells:<44}")
+                continue
+            cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
+            mem = "–" if not s["memory"] else f"{s['memory'] / 2**20:.0f}"
+            print(f"{name:<18}{case:<20}{ms(s['ready']):>7}  {cells:<44}{ms(s['first_total']):>9}{mem:>9}")
+            for err in s["errors"]:
+                print(f"{'':<38}error: {err}")
+    for name, why in skipped.items():
+        print(f"{name:<18}skipped: {why}")
+    for name, cs in runs.items():
+        last = (cs.get("idle") or cs.get("runall") or [{}])[-1]
+        if last.get("plan"):
+            print(f"\n{name}: " + "\n  ".join(last["plan"]))
+            print(f"  warm-up: {(last.get('warmup') or {}).get('state')} — phases (s): " + ", ".join(
+                f"{k} {v:.2f}" for k, v in ((last.get("warmup") or {}).get("phases") or {}).items()))
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as fh:
+        json.dump({"env": env, "table": table, "runs": runs, "skipped": skipped}, fh, indent=2)
+    print(f"\nwrote {args.json}")
+
+
+def _version(module: str) -> str:
+    try:
+        return importlib.import_module(module).__version__
+    except ImportError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    main()

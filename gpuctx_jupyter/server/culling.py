@@ -1,0 +1,88 @@
+"""Opt-in culling of idle GPU holders: jupyter_server's idle culler, but only for kernels that hold
+GPU memory (c.GpuctxServer.cull_idle_gpu_kernels_after, 0 = off).
+
+Run after each holders round (Holders.consumers). A kernel of this server that NVML lists on some
+GPU and that has had no user activity (gpuctx's own requests do not count) for the configured time
+is shut down through the kernel manager — so through KernelActions, one action per kernel at a
+time — with one log line naming the notebook and the memory freed. A kernel running a cell is never
+culled. The time each holder will be culled is kept in `cull_at` for the GPU API, which the panel
+shows as a notification from cull_warning_seconds before. The clock is injected, so tests drive it.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable
+
+from ..contract import Holder
+from ..core.inventory import Inventory
+
+
+class GpuCuller:
+    def __init__(self, after: float, shutdown: Callable[[str], object], clock: Callable[[], float] = time.time,
+                 log=None, warning_s: float = 600.0):
+        if after < 0 or warning_s < 0:
+            raise ValueError("cull times must be 0 (off) or positive seconds")
+        self.after, self.warning_s = after, warning_s
+        self.shutdown, self.clock, self.log = shutdown, clock, log
+        self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
+        self.culled: list[dict] = []  # newest last (bounded)
+
+    @classmethod
+    def from_config(cls, serverapp, cfg, clock=time.time):
+        async def shutdown(kernel_id: str):
+            await serverapp.kernel_manager.shutdown_kernel(kernel_id)
+
+        return cls(cfg.cull_idle_gpu_kernels_after, shutdown, clock, serverapp.log, cfg.cull_warning_seconds)
+
+    @property
+    def on(self) -> bool:
+        return self.after > 0
+
+    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[dict]:
+        if not self.on:
+            self.cull_at = {}
+            return []
+        now = self.clock()
+        cull_at, culled = {}, []
+        for h in holders:
+            on = held.get(h.id)
+            if h.standby or not on or not sum(on.values()):
+                continue
+            idle = h.idle_at(now, now)
+            if idle is None:
+                continue
+            if h.execution_state == "busy" or idle < self.after:
+                cull_at[h.id] = now + (self.after - (0.0 if h.execution_state == "busy" else idle))
+                continue
+            freed = sum(on.values())
+            where = ", ".join(f"{_gib(v)} on cuda:{o}" for o, v in sorted(on.items()))
+            try:
+                result = self.shutdown(h.id)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as exc:  # noqa: BLE001 — gone meanwhile, or the manager refused: say so
+                self._log("warning", "gpuctx: could not cull idle kernel %s (%s): %s: %s", h.id, h.label(),
+                          type(exc).__name__, exc)
+                continue
+            entry = {"kernel_id": h.id, "label": h.label(), "idle_s": round(idle), "freed": freed, "time": now}
+            culled.append(entry)
+            self._log("info", "gpuctx: culled kernel %s (%s), idle %d s, holding %s of GPU memory (%s) — "
+                      "c.GpuctxServer.cull_idle_gpu_kernels_after = %g", h.id, h.label(), idle, _gib(freed), where,
+                      self.after)
+        self.cull_at = cull_at
+        self.culled = (self.culled + culled)[-50:]
+        return culled
+
+    def warnings(self) -> dict[str, float]:
+        """The kernels to be culled within the warning time: id -> seconds left."""
+        now = self.clock()
+        return {k: max(0.0, t - now) for k, t in self.cull_at.items() if t - now <= self.warning_s}
+
+    def _log(self, level: str, *args) -> None:
+        if self.log is not None:
+            getattr(self.log, level)(*args)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

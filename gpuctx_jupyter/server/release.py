@@ -1,0 +1,216 @@
+"""Giving GPU memory back without losing work: the "Release cached memory" kernel action, and the
+automatic release when a GPU runs short.
+
+Release asks a kernel, on its control channel (contract.RELEASE_REQUEST), to run what `%gpu free`
+runs: drop the references a failed cell keeps alive, collect garbage, return the frameworks'
+cached blocks to the GPU. The notebook's variables (its tensors included) are never touched. The
+control channel answers while a cell runs, so a busy kernel can be asked too.
+
+Automatic release (`PressureRelease`, run after each holders round): when a GPU's free memory falls
+below c.GpuctxServer.release_below_free_fraction of its total (or one of this server's kernels has
+just run out of memory on it, as that kernel reports), the warm pool's standbys on it go
+first (`pool.evict(ordinal)`), then the caches of this server's kernels on it that have been idle
+(no user activity) for release_idle_seconds; with release_idle_after set, any kernel idle that long
+has its cache released whatever the pressure. A kernel is released once per idle stretch: again
+only after it has been active since.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from ..contract import RELEASE_REPLY, RELEASE_REQUEST, Holder
+from ..core.inventory import Inventory
+from . import kernel_client
+
+
+async def release(kernel, timeout: float) -> dict:
+    """The kernel's release reply (`{"status": "ok", "released_total": …, …}`), or why there is
+    none, as an answer (never an exception)."""
+    if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
+        return {"status": "dead", "reason": "the kernel's process is not running: nothing to release"}
+    t0 = time.perf_counter()
+    try:
+        reply = await kernel_client.request(kernel, "control", RELEASE_REQUEST, {}, timeout)
+    except kernel_client.NoReply:
+        return {"status": "no-answer",
+                "reason": f"the kernel did not answer within {timeout:g} s: it may be busy in a C call, "
+                          "or gpuctx is not loaded in it (%load_ext gpuctx)"}
+    except Exception as exc:
+        return {"status": "error", "reason": f"could not reach the kernel: {type(exc).__name__}: {exc}"}
+    content = dict(reply.get("content", {}))
+    if reply.get("msg_type") != RELEASE_REPLY or content.get("status") != "ok":
+        why = content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"
+        if reply.get("msg_type") != RELEASE_REPLY:
+            why += " (is this kernel's gpuctx older than the server's? restart it)"
+        return {"status": "error", "reason": why}
+    content["round_trip_s"] = round(time.perf_counter() - t0, 4)
+    return content
+
+
+async def release_answer(serverapp, cfg, kernel_id: str, holders=None, actions=None) -> dict:
+    """POST /gpuctx/api/kernels/<id>/release: the route's logic, apart from tornado's handler.
+    4xx as web.HTTPError (403 actions off, 404 unknown kernel, 409 another action in flight)."""
+    if not cfg.allow_actions:
+        raise web.HTTPError(403, "kernel actions are turned off on this server (c.GpuctxServer.allow_actions = False)")
+    km = serverapp.kernel_manager
+    if kernel_id not in km:
+        raise web.HTTPError(404, f"no kernel {kernel_id!r} on this server (GET /api/kernels lists them)")
+    busy = actions.busy(kernel_id) if actions is not None else None
+    if busy:
+        raise web.HTTPError(409, f"an action on this kernel is in progress ({busy.replace('_kernel', '')}): "
+                                 "try again once it has finished")
+    kernel = km.get_kernel(kernel_id)
+    answer = await release(kernel, getattr(cfg, "release_timeout", 10.0))
+    if answer.get("status") == "ok" and holders is not None:
+        holders.forget(kernel_id)  # its figures changed: the next round asks again
+    return {"kernel_id": kernel_id, **answer}
+
+
+class ReleaseHandler(APIHandler):
+    """POST <base>/gpuctx/api/kernels/<id>/release → the kernel's release reply as JSON.
+
+    Mount before the generic kernels/<id>/<action> route. `initialize(api)` takes the GpuApi;
+    the holders and the kernel actions come from web_app.settings["gpuctx"] when the extension
+    put them there."""
+
+    auth_resource = "kernels"
+
+    def initialize(self, api):
+        self.api = api
+
+    @web.authenticated
+    @authorized
+    async def post(self, kernel_id: str):
+        shared = self.settings.get("gpuctx") or {}
+        answer = await release_answer(self.api.serverapp, self.api.cfg, kernel_id, shared.get("holders"),
+                                      shared.get("actions") or getattr(self.api, "actions", None))
+        if answer.get("status") == "ok":
+            self.log.info("gpuctx: released %s of cached GPU memory in kernel %s (asked through the API)",
+                          _gib(answer.get("released_total")), kernel_id)
+        self.finish(answer)
+
+
+# -- automatic release -----------------------------------------------------------------------------
+EVICT_EVERY_S = 30.0  # ask the pool to evict a GPU's standbys at most this often while it stays short
+Evict = Callable[[int], object]  # may return an awaitable
+ReleaseKernel = Callable[[str], Awaitable[dict]]
+
+
+class PressureRelease:
+    """Run after each holders round (Holders.consumers): see the module's docstring."""
+
+    def __init__(self, below_free_fraction: float, idle_seconds: float, idle_after: float,
+                 release_kernel: ReleaseKernel, evict: Evict | None = None, clock=time.time, log=None,
+                 min_cache: int = 64 * 2**20, recent_oom: Callable[[int], bool] | None = None):
+        self.below, self.idle_seconds, self.idle_after = below_free_fraction, idle_seconds, idle_after
+        self.release_kernel, self.evict, self.clock, self.log = release_kernel, evict, clock, log
+        self.min_cache = min_cache
+        self.recent_oom = recent_oom  # ordinal -> a kernel of this server ran out of memory there lately
+        self._evicted_at: dict[int, float] = {}  # ordinal -> when standbys were last evicted there
+        self.released: dict[str, float | None] = {}  # kernel id -> its last_activity when released
+        self.history: list[dict] = []  # what was released, newest last (bounded)
+
+    @classmethod
+    def from_config(cls, serverapp, cfg, pool=None, clock=time.time):
+        async def release_kernel(kernel_id: str) -> dict:
+            kernel = serverapp.kernel_manager.get_kernel(kernel_id)
+            return await release(kernel, cfg.release_timeout)
+
+        evict = getattr(pool, "evict", None)
+        return cls(cfg.release_below_free_fraction, cfg.release_idle_seconds, cfg.release_idle_after,
+                   release_kernel, evict, clock, serverapp.log)
+
+    def _due(self, h: Holder, now: float, idle_for: float) -> bool:
+        if h.standby or h.execution_state == "busy":
+            return False
+        idle = h.idle_at(now, now)
+        if idle is None or idle < idle_for:
+            return False
+        if h.id in self.released and self.released[h.id] == h.last_activity:
+            return False  # released in this idle stretch already
+        return True
+
+    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[dict]:
+        now = self.clock()
+        done: list[dict] = []
+        short, why_short = [], {}
+        for d in inv.devices:
+            r = d.record
+            if self.below > 0 and r.memory_total and r.memory_free is not None and r.memory_free < self.below * r.memory_total:
+                short.append(d.ordinal)
+                why_short[d.ordinal] = f"cuda:{d.ordinal} had less than {self.below:.0%} free"
+            elif self.below > 0 and self.recent_oom is not None and self.recent_oom(d.ordinal):
+                short.append(d.ordinal)
+                why_short[d.ordinal] = f"a notebook ran out of memory on cuda:{d.ordinal}"
+        for ordinal in short:
+            if now - self._evicted_at.get(ordinal, -EVICT_EVERY_S) < EVICT_EVERY_S:
+                continue
+            self._evicted_at[ordinal] = now
+            if self.evict is not None:
+                try:
+                    result = self.evict(ordinal)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception as exc:  # noqa: BLE001
+                    self._log("warning", "gpuctx: evicting standbys from cuda:%s failed: %s", ordinal, exc)
+        reasons: dict[str, str] = {}
+        for h in holders:
+            on = held.get(h.id, {})
+            if not on:
+                continue
+            pressured = [o for o in on if o in short]
+            if pressured and self._due(h, now, self.idle_seconds):
+                reasons[h.id] = why_short[pressured[0]]
+            elif self.idle_after > 0 and self._due(h, now, self.idle_after):
+                reasons[h.id] = f"idle longer than release_idle_after={self.idle_after:g} s"
+        for h in holders:
+            if h.id not in reasons:
+                continue
+            cached = [c for c in (h.cached(o) for o in held.get(h.id, {})) if c is not None]
+            if cached and sum(cached) < self.min_cache:
+                self.released[h.id] = h.last_activity  # nothing worth asking for until it is active again
+                continue
+            answer = await self.release_kernel(h.id)
+            self.released[h.id] = h.last_activity
+            entry = {"kernel_id": h.id, "label": h.label(), "why": reasons[h.id], "time": now,
+                     "idle_s": h.idle_at(now, now), **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
+            done.append(entry)
+            if answer.get("status") == "ok":
+                self._log("info", "gpuctx: released %s of cached GPU memory in %s (kernel %s, idle %s s): %s",
+                          _gib(answer.get("released_total")), h.label(), h.id, int(entry["idle_s"] or 0), reasons[h.id])
+            else:
+                self._log("warning", "gpuctx: could not release the cache of %s (kernel %s): %s", h.label(), h.id,
+                          answer.get("reason"))
+        live = {h.id for h in holders}
+        for gone in [k for k in self.released if k not in live]:
+            del self.released[gone]
+        self.history = (self.history + done)[-50:]
+        return done
+
+    def _log(self, level: str, *args) -> None:
+        if self.log is not None:
+            getattr(self.log, level)(*args)
+
+
+def _gib(n) -> str:
+    return f"{(n or 0) / 2**30:.2f} GiB"
+
+
+
+def mount(web_app, api) -> None:
+    """Add the release route ahead of every route added before it (the generic
+    kernels/<id>/<action> route would otherwise answer "unknown action"). Equivalent to listing
+    (rf"kernels/{kernel}/release", ReleaseHandler) before that route in handlers.setup_handlers."""
+    from jupyter_server.utils import url_path_join
+
+    path = url_path_join(web_app.settings["base_url"], "gpuctx", "api", r"kernels/(?P<kernel_id>[^/]+)/release")
+    web_app.add_handlers(".*$", [(path, ReleaseHandler, {"api": api})])
+    rules = web_app.default_router.rules
+    rules.insert(0, rules.pop(-2))  # add_handlers puts a host's rules before the catch-all, last

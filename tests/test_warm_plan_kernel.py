@@ -1,0 +1,223 @@
+"""The notebook warm plan in real ipykernel processes (jupyter_client), as the server's hook starts
+them: `--ext=gpuctx` and GPUCTX_* in the environment, JPY_SESSION_NAME naming the notebook."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from .harness.kernels import reply_to, run, start, stop
+from .harness.notebooks import notebook
+
+PLAN = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait({wait})\n"
+        "print(json.dumps({{'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict() if m.warmer.plan "
+        "else None, 'lines': m.warmer.plan_lines()}}))")
+
+
+def plan_of(kc, wait: float = 60) -> dict:
+    r = run(kc, PLAN.format(wait=wait), timeout=wait + 30)
+    assert r.reply["status"] == "ok", r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def warmup_now(kc) -> dict:
+    """The warm-up record, asked on the control channel: no cell runs, so the warm-up does not pause."""
+    request = kc.session.msg("gpuctx_request", {})
+    kc.control_channel.send(request)
+    return reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]["warmup"]
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A site-packages folder the kernels get on PYTHONPATH, to install test packages into."""
+    folder = tmp_path / "lib" / "site-packages"
+    folder.mkdir(parents=True)
+
+    def install(name: str, files: dict[str, str]) -> None:
+        (folder / name).mkdir()
+        for rel, code in files.items():
+            (folder / name / rel).write_text(code)
+    install.path = str(folder)
+    return install
+
+
+def kernel(tmp_path, nb_path, site_path=None, policy="auto", config: str = "", **env):
+    full = {"JPY_SESSION_NAME": str(nb_path), "GPUCTX_WARM": policy, "GPUCTX_WARM_SOURCE": "server hook", **env}
+    if site_path:
+        full["PYTHONPATH"] = os.pathsep.join([site_path, os.environ.get("PYTHONPATH", "")])
+    if config:
+        profile = tmp_path / "ipython" / "profile_default"
+        profile.mkdir(parents=True, exist_ok=True)
+        (profile / "ipython_kernel_config.py").write_text(config)
+        full["IPYTHONDIR"] = str(tmp_path / "ipython")
+    return start(env=full, extra_arguments=["--ext=gpuctx"], cwd=str(nb_path.parent))
+
+
+# A package whose import blocks until the test creates the release file, then imports a submodule
+# that needs the package. GPUCTX_TEST_RUNS counts how often the package's code runs.
+SLOW_INIT = """import os, time
+_flag = os.environ.get("GPUCTX_TEST_RELEASE", "")
+_deadline = time.monotonic() + 60
+while _flag and not os.path.exists(_flag) and time.monotonic() < _deadline:
+    time.sleep(0.05)
+with open(os.environ.get("GPUCTX_TEST_RUNS", os.devnull), "a") as _fh:
+    _fh.write("run\\n")
+BASE = 41
+from . import sub
+"""
+SLOW_SUB = "from gpuctx_slowpkg import BASE\nVALUE = BASE + 1\n"
+CELLS = ["import gpuctx_slowpkg", "from gpuctx_slowpkg.sub import VALUE\nprint(VALUE, gpuctx_slowpkg.BASE)"]
+
+
+@pytest.fixture
+def slow_kernel(tmp_path, site):
+    """A kernel whose warm-up is held in `import gpuctx_slowpkg` until release() is called."""
+    site("gpuctx_slowpkg", {"__init__.py": SLOW_INIT, "sub.py": SLOW_SUB})
+    release, runs = tmp_path / "release", tmp_path / "runs"
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "slow.ipynb"
+    notebook(nb, CELLS)
+    km, kc = kernel(tmp_path, nb, site.path, policy="always", GPUCTX_TEST_RELEASE=str(release),
+                    GPUCTX_TEST_RUNS=str(runs))
+    try:
+        deadline = time.monotonic() + 30
+        while warmup_now(kc).get("phase") != "import gpuctx_slowpkg" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert warmup_now(kc)["phase"] == "import gpuctx_slowpkg", warmup_now(kc)
+        yield kc, lambda after: threading.Timer(after, release.write_text, args=("go",)).start(), runs
+    finally:
+        release.write_text("go")
+        stop(km, kc)
+
+
+def _check(kc, ids, runs):
+    replies = [reply_to(kc, i, timeout=60)["content"] for i in ids]
+    assert all(r["status"] == "ok" for r in replies), replies
+    out = plan_of(kc)
+    step = next(s for s in out["plan"]["steps"] if s["name"] == "import gpuctx_slowpkg")
+    assert step["state"] == "done" and step["where"] == "cell 1, line 1", step
+    assert out["status"]["state"] == "done", out["status"]
+    assert runs.read_text().splitlines() == ["run"]  # the package's code ran once
+
+
+def test_run_all_while_the_warm_up_imports_a_slow_module(slow_kernel):
+    kc, release, runs = slow_kernel
+    ids = [kc.execute(c) for c in CELLS]  # Run All: every cell sent at once
+    release(after=1.5)
+    _check(kc, ids, runs)
+
+
+def test_a_cell_importing_a_submodule_waits_for_the_warm_ups_import_of_its_package(slow_kernel):
+    """A cell that starts while the warm-up imports waits for that import (Python's module locks
+    and gpuctx's own wait both keep it from a half-imported package): no error, the package's
+    code runs once, and the warm-up's step is done."""
+    kc, release, runs = slow_kernel
+    ids = [kc.execute(CELLS[1].replace(", gpuctx_slowpkg.BASE", ""))]
+    release(after=1.5)
+    _check(kc, ids, runs)
+
+
+def test_restart_reads_the_notebook_again(tmp_path, site):
+    site("gpuctx_alpha", {"__init__.py": ""})
+    site("gpuctx_beta", {"__init__.py": ""})
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, "import gpuctx_alpha")
+    km, kc = kernel(tmp_path, nb, site.path, policy="always")
+    try:
+        first = plan_of(kc)
+        assert [s["name"] for s in first["plan"]["steps"]] == ["import gpuctx_alpha"]
+        assert first["status"]["state"] == "done" and "imported only" in first["status"]["detail"]
+        notebook(nb, ["import gpuctx_alpha", "import gpuctx_beta"])
+        km.restart_kernel(now=True)
+        kc.wait_for_ready(timeout=60)
+        again = plan_of(kc)
+        assert [s["name"] for s in again["plan"]["steps"]] == ["import gpuctx_alpha", "import gpuctx_beta"]
+        assert all(s["state"] == "done" for s in again["plan"]["steps"])
+        assert run(kc, "import sys; print('gpuctx_beta' in sys.modules)").stdout.strip() == "True"
+    finally:
+        stop(km, kc)
+
+
+def test_failing_and_hanging_imports_are_recorded_and_the_kernel_works_on(tmp_path, site):
+    site("gpuctx_broken", {"__init__.py": "raise RuntimeError('broken on purpose')\n"})
+    site("gpuctx_hangs", {"__init__.py": SLOW_INIT.replace("from . import sub\n", "")})
+    site("gpuctx_fine", {"__init__.py": ""})
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, "import gpuctx_broken\nimport gpuctx_hangs\nimport gpuctx_fine")
+    km, kc = kernel(tmp_path, nb, site.path, policy="always", config="c.GpuWarmup.import_budget = 2.0\n",
+                    GPUCTX_TEST_RELEASE=str(tmp_path / "never"))
+    try:
+        out = plan_of(kc)
+        state = {s["name"]: (s["state"], s["detail"]) for s in out["plan"]["steps"]}
+        assert state["import gpuctx_broken"] == ("failed", "RuntimeError: broken on purpose")
+        assert state["import gpuctx_hangs"][0] == "failed" and "still importing" in state["import gpuctx_hangs"][1]
+        assert state["import gpuctx_fine"][0] == "skipped" and "budget" in state["import gpuctx_fine"][1]
+        assert out["status"]["state"] == "failed"
+        assert any("failed" in line and "gpuctx_broken" in line for line in out["lines"])
+        assert run(kc, "6 * 7").text == "42"
+        assert run(kc, "import gpuctx_fine; print('ok')").stdout.strip() == "ok"
+    finally:
+        stop(km, kc)
+
+
+def test_unreadable_notebook_is_said_and_the_kernel_works_as_without_gpuctx(tmp_path):
+    nb = tmp_path / "broken.ipynb"
+    nb.write_text("{ this is not json")
+    km, kc = kernel(tmp_path, nb, policy="always", GPUCTX_WARM_FRAMEWORKS="torch", GPUCTX_WARM_IMPORTS="json")
+    try:
+        out = plan_of(kc)
+        assert out["plan"]["recipe"] == "basic" and "cannot read the notebook" in out["plan"]["reading"]
+        assert run(kc, "1 + 1").text == "2"
+    finally:
+        stop(km, kc)
+
+
+def test_auto_training_notebook_warms_its_imports_and_training_and_load_ext_stays_quiet(tmp_path):
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "train.ipynb"
+    notebook(nb, ["%load_ext gpuctx\nimport torch\nimport torch.nn as nn",
+                  ("model = nn.Linear(8, 2)\nopt = torch.optim.AdamW(model.parameters())\n"
+                   "loss = model(torch.randn(4, 8)).sum()\nloss.backward()\nopt.step()")])
+    km, kc = kernel(tmp_path, nb)
+    try:
+        quiet = run(kc, "%load_ext gpuctx")  # the notebook's own first line, in a prepared kernel
+        assert quiet.reply["status"] == "ok" and quiet.text == "", quiet.text
+        out = plan_of(kc, wait=120)
+        steps = {s["name"]: s for s in out["plan"]["steps"]}
+        assert steps["import torch"]["state"] == "done" and steps["import torch"]["where"] == "cell 1, line 2"
+        assert steps["import torch._dynamo"]["state"] == "done"  # what AdamW's first use imports
+        assert steps["optimizer step (AdamW) on the CPU"]["state"] == "done"
+        assert steps["cuda init"]["state"] == "skipped"  # no GPU here
+        assert out["status"]["state"] == "skipped" and "no GPU is visible" in out["status"]["detail"]
+        assert any("optimizer step (AdamW)" in line and "cell 2, line 2" in line for line in out["lines"])
+        r = run(kc, "import sys; print('torch._dynamo' in sys.modules)")
+        assert r.stdout.strip() == "True"
+        status = run(kc, "%gpu status").text  # the plan, step by step with the notebook's lines
+        assert "warm plan" in status and "import torch" in status and "cell 1, line 2" in status, status
+        request = kc.session.msg("gpuctx_request", {})  # and the kernel view the server asks for
+        kc.control_channel.send(request)
+        view = reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]
+        assert any(step["name"] == "import torch" for step in view["plan"]["steps"])
+    finally:
+        stop(km, kc)
+
+
+def test_the_warm_up_starts_after_the_first_kernel_info_reply(tmp_path):
+    """Readiness first: the thread begins once the kernel has answered kernel_info."""
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, "import json")
+    km, kc = kernel(tmp_path, nb, policy="always")
+    try:
+        st = plan_of(kc)["status"]
+        assert st["state"] == "done" and st["source"] == "server hook"
+        hooked = run(kc, "k = get_ipython().kernel\n"
+                         "print(getattr(k.shell_handlers['kernel_info_request'], '_gpuctx', False))")
+        assert hooked.stdout.strip() == "False"  # the one-shot hook has put the handler back
+    finally:
+        stop(km, kc)
