@@ -26,6 +26,17 @@ def kernel_pids(srv) -> set[int]:
     return out
 
 
+def pool_status(srv) -> dict:
+    """The pool as GET /gpuctx/api/devices shows it."""
+    return srv.api("GET", "/gpuctx/api/devices")[1]["pool"]
+
+
+def ready_standby(srv) -> set[int]:
+    """The PIDs of the pool's standbys once one is ready (answers kernel_info)."""
+    return wait_for(lambda: {s["pid"] for s in pool_status(srv)["standbys"]}
+                    if pool_status(srv)["kernelspecs"]["python3"]["ready"] else None)
+
+
 def listed(srv) -> list[str]:
     return [k["id"] for k in srv.api("GET", "/api/kernels")[1]]
 
@@ -36,7 +47,11 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
     srv = pool_server()
     standby = wait_for(lambda: kernel_pids(srv))
     assert listed(srv) == []  # the standby is invisible
+    spec = wait_for(lambda: (lambda s: s if s["ready"] else None)(pool_status(srv)["kernelspecs"]["python3"]))
+    assert spec == {"ready": 1, "starting": 0, "failures": 0, "error": None, "reason": None}
     kid = srv.start_kernel(path="project/train.ipynb")
+    assert pool_status(srv)["kernelspecs"]["python3"]["reason"] in (  # why the reserve is empty now
+        "refilling once the kernel just handed out has served its first request", "a standby is starting")
     ks = srv.channels(kid)
     r = ks.execute("import os, json; print(json.dumps([os.getcwd(), os.environ.get('JPY_SESSION_NAME'), os.getpid()]))")
     cwd, session, pid = json.loads(r.stdout)
@@ -60,11 +75,11 @@ def test_standbys_are_exempt_from_the_culler_and_replaced_when_they_die(pool_ser
 
 def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):
     srv = pool_server("--GpuctxServer.warm_policy=always")
-    wait_for(lambda: kernel_pids(srv))
+    ready_standby(srv)
     kid = srv.start_kernel()
     ks = srv.channels(kid)
     before = int(ks.execute("x = 1; import os; print(os.getpid())").stdout)
-    standby = wait_for(lambda: kernel_pids(srv) - {before})  # the refill
+    standby = ready_standby(srv)  # the refill
     assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
     r = ks.execute("import os; print(os.getpid(), 'x' in dir())")  # the same websocket
     pid, has_x = r.stdout.split()
@@ -104,3 +119,4 @@ def test_notebooks_that_must_not_start_cuda_get_a_fresh_kernel(pool_server, tmp_
         assert "warm pool" not in ks.execute("%gpu status").text
         ks.close()
     assert standby <= kernel_pids(srv)  # the standby still waits for a GPU notebook
+

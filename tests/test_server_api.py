@@ -16,6 +16,7 @@ from gpuctx_jupyter.core import nvml
 from gpuctx_jupyter.core.sampler import process_sampler
 
 from .harness.gpus import GIB, h200
+from .harness.kernels import areply_to
 from .harness.waiting import wait_until
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -30,9 +31,16 @@ def gpuctx_traits():
 
 
 @pytest.fixture
-def jp_server_config(gpuctx_traits):
+def server_traits():
+    """c.ServerApp settings for one test; override with @pytest.mark.parametrize."""
+    return {}
+
+
+@pytest.fixture
+def jp_server_config(gpuctx_traits, server_traits):
     return {
-        "ServerApp": {"jpserver_extensions": {"gpuctx_jupyter": True}, "allow_unauthenticated_access": False},
+        "ServerApp": {"jpserver_extensions": {"gpuctx_jupyter": True}, "allow_unauthenticated_access": False,
+                      **server_traits},
         "MappingKernelManager": {"default_kernel_name": "python3"},
         "GpuctxServer": {"warm_policy": "auto", "kernel_query_timeout": 1.0, **gpuctx_traits},
     }
@@ -213,8 +221,7 @@ async def test_interrupt_stops_a_running_cell(jp_fetch, jp_serverapp):
         t0 = time.monotonic()
         answer = await get_json(jp_fetch, "gpuctx", "api", "kernels", kid, "interrupt", method="POST", body=b"")
         assert answer == {"status": "ok", "kernel_id": kid, "action": "interrupt"}
-        reply = await client.get_shell_msg(timeout=20)
-        assert reply["parent_header"]["msg_id"] == msg_id
+        reply = await areply_to(client, msg_id, timeout=20)  # not a leftover kernel_info_reply
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - t0 < 10
     finally:
@@ -230,6 +237,22 @@ async def test_restart_gives_a_new_process_and_shutdown_removes_the_kernel(jp_fe
     assert kid not in [k["id"] for k in await get_json(jp_fetch, "api", "kernels")]
     code, _ = await refused(jp_fetch, "gpuctx", "api", "kernels", kid)
     assert code == 404
+
+
+async def test_a_second_action_while_one_is_in_flight_gets_409_and_nothing_fails(jp_fetch, jp_serverapp):
+    kid = await start_kernel(jp_fetch)
+    before = kernel_pid(jp_serverapp, kid)
+    action = lambda name: jp_fetch("gpuctx", "api", "kernels", kid, name, method="POST", body=b"",  # noqa: E731
+                                   raise_error=False)
+    own = lambda: jp_fetch("api", "kernels", kid, "restart", method="POST", body=b"", raise_error=False)  # noqa: E731
+    answers = await asyncio.gather(action("restart"), action("restart"), action("interrupt"), own(), own())
+    codes = [a.code for a in answers]
+    assert codes[0] == 200 and codes[1:3] == [409, 409] and codes[3:] == [200, 200], codes
+    for refusal in answers[1:3]:
+        assert json.loads(refusal.body)["message"].startswith("an action on this kernel is in progress (restart)")
+    assert kernel_pid(jp_serverapp, kid) != before  # restarted once: jupyter_server's own route joined it
+    assert not jp_serverapp.web_app.settings["gpuctx"]["actions"].busy(kid)
+    assert (await ask_kernel(jp_fetch, kid))["status"] == "ok"
 
 
 @pytest.mark.parametrize("gpuctx_traits", [{"allow_actions": False}])
@@ -271,6 +294,23 @@ async def test_gpu_memory_is_attributed_to_the_kernel_and_its_notebook(jp_fetch,
         ({"kernel_id": kid, "kernel_name": "python3", "path": "train.ipynb", "gpu": "0", "uuid": gpu0["uuid"]}, GIB)]
 
 
+@pytest.mark.parametrize("server_traits", [{"authenticate_prometheus": False}])
+async def test_unauthenticated_metrics_carry_no_kernel_ids_or_paths(jp_fetch, jp_serverapp, jp_root_dir, monkeypatch):
+    (jp_root_dir / "secret-project.ipynb").write_text(json.dumps(
+        {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    kid = await start_kernel(jp_fetch, "secret-project.ipynb")
+    other = await start_kernel(jp_fetch)
+    pids = [kernel_pid(jp_serverapp, k) for k in (kid, other)]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(nvml, "read_records", lambda: [h200(0, used_gib=2, pids=pids)])
+    text = (await jp_fetch("metrics", headers=NO_AUTH)).body.decode()
+    assert kid not in text and "secret-project" not in text
+    series = [(s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples
+              if s.name == "gpuctx_kernel_gpu_memory_bytes"]
+    uuid = h200(0).uuid
+    assert series == [({"kernel_name": "python3", "gpu": "0", "uuid": uuid}, 2 * GIB)]  # both kernels, summed
+
+
 @pytest.mark.parametrize("gpuctx_traits", [{"expose_gpus": ["1", "GPU-nope"]}])
 async def test_expose_gpus_and_cuda_visible_devices_choose_what_is_shown(jp_fetch, monkeypatch):
     monkeypatch.setattr(nvml, "read_records", lambda: [h200(0), h200(1), h200(2)])
@@ -305,3 +345,22 @@ def test_a_kernel_behind_a_gateway_answers_through_it(server_factory, kernel_gat
         assert status == 200 and answer["status"] == "ok", answer
         assert answer["kernel_id"] == kid and answer["pid"] > 0
     ks.close()
+
+
+@pytest.mark.parametrize("gpuctx_traits", [{"pool_size": 1, "warm_policy": "always"}])
+async def test_a_gpu_short_of_memory_evicts_its_standbys_and_pauses_the_refill(jp_fetch, jp_serverapp):
+    """Automatic release under memory pressure calls the pool's evict(ordinal) first: the standby
+    warmed on that GPU stops, the pool says why it is empty, and starts no other meanwhile."""
+    import psutil
+
+    pool = jp_serverapp.web_app.settings["gpuctx"]["pool"]
+    assert await wait_until(lambda: any(s.ready for s in pool.standbys), timeout=120)
+    pid = pool.standbys[0].pid
+    assert await pool.evict(0) == 1
+    assert pool.standbys == []
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    await pool._tick()  # what the pool's maintenance does each second: it must not refill
+    assert not pool._starting.get("python3")
+    snap = await get_json(jp_fetch, "gpuctx", "api", "devices")
+    spec = snap["pool"]["kernelspecs"]["python3"]
+    assert spec["ready"] == 0 and spec["starting"] == 0 and "short of memory" in spec["reason"]

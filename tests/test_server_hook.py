@@ -159,3 +159,49 @@ def test_a_framework_that_is_not_installed_is_skipped_not_failed(server_factory)
     st = status(ks)
     assert st["state"] == "skipped" and st["detail"] == "jax is not installed in this kernel"
     ks.close()
+
+
+def test_a_gateway_warm_request_that_fails_is_logged_with_its_exception_type(caplog):
+    """The warm request to a gateway kernel waits at most gateway_timeout, and says what failed."""
+    import asyncio
+    import logging
+    import queue
+    from types import SimpleNamespace
+
+    from jupyter_client.session import Session
+
+    from gpuctx_jupyter.server.config import GpuctxServer
+    from gpuctx_jupyter.server.kernel_hook import KernelHook
+    from gpuctx_jupyter.server.tasks import Background
+
+    class SilentClient:  # a kernel that takes the request and never answers
+        session = Session()
+        shell_channel = SimpleNamespace(send=lambda msg: None)
+
+        async def start_channels(self, **kwargs):
+            pass
+
+        async def get_shell_msg(self, timeout):
+            await asyncio.sleep(min(timeout, 0.05))
+            raise queue.Empty
+
+        def stop_channels(self):
+            pass
+
+    def unreachable():
+        raise ConnectionRefusedError("gateway gone")
+
+    kernels = {"silent": SimpleNamespace(client=SilentClient), "gone": SimpleNamespace(client=unreachable)}
+    log = logging.getLogger("test-gateway-hook")
+    app = SimpleNamespace(kernel_manager=SimpleNamespace(get_kernel=kernels.__getitem__, start_kernel=None,
+                                                         restart_kernel=None),
+                          kernel_spec_manager=None, gateway_config=SimpleNamespace(gateway_enabled=True))
+    hook = KernelHook(app, GpuctxServer(gateway_timeout=0.3), log, Background(log))
+    with caplog.at_level(logging.WARNING, logger="test-gateway-hook"):
+        t0 = time.monotonic()
+        asyncio.run(hook._send_warm_request("silent", {}))
+        assert time.monotonic() - t0 < 5
+        asyncio.run(hook._send_warm_request("gone", {}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "gpuctx: could not ask kernel silent to warm up: NoReply: no reply within 0.3 s",
+        "gpuctx: could not ask kernel gone to warm up: ConnectionRefusedError: gateway gone"]

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 import pytest
 
@@ -72,3 +74,37 @@ def test_a_server_replaying_a_trace_says_so_in_every_snapshot(tmp_path):
         assert "REPLAYING the recorded trace" in srv.log()
     finally:
         srv.stop()
+
+
+def test_records_of_another_shape_are_refused_saying_which_field():
+    good = trace.record_to_dict(h200(0))
+    newer = dict(good, nvlink_bandwidth=1)  # a field from a newer gpuctx is ignored
+    assert trace.record_from_dict(newer) == h200(0)
+    for bad, why in [(dict(good, memory_used="2 GiB"), "'memory_used' is '2 GiB', not a number"),
+                     ({k: v for k, v in good.items() if k != "uuid"}, "a record has no 'uuid'"),
+                     (dict(good, processes=[{"pid": "x"}]), "a process is"),
+                     (dict(good, utilization=True), "'utilization' is True"),
+                     ([1, 2], "a record is a list")]:
+        with pytest.raises(trace.BadRecord, match=re.escape(why)):
+            trace.record_from_dict(bad)
+
+
+def test_unreadable_samples_are_skipped_with_one_log_line(tmp_path, caplog):
+    path = tmp_path / "t.jsonl"
+    write_trace(path, [(0.0, [h200(0, used_gib=1)]), (2.0, [h200(0, used_gib=3)])])
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"records": []}) + "\n")  # no t
+        fh.write(json.dumps({"t": 1.0, "records": [dict(trace.record_to_dict(h200(0)), memory_total="lots")]}) + "\n")
+        fh.write("{truncated\n")
+    with caplog.at_level(logging.WARNING, logger="gpuctx"):
+        replay = trace.Replay(str(path), clock=lambda: 0.0)
+    assert [r.message for r in caplog.records] == [
+        f"gpuctx: trace {path}: skipped 3 unreadable samples of 5 (line 4: no time 't'; …)"]
+    assert len(replay.samples) == 2 and replay.at(2.5)[0].memory_used == 3 * 1024**3
+
+
+def test_a_trace_without_a_readable_sample_is_refused(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"gpuctx_trace": 1}) + "\n" + json.dumps({"t": "soon", "records": []}) + "\n")
+    with pytest.raises(ValueError, match=r"holds no readable samples \(line 2: 't' is 'soon', not seconds\)"):
+        trace.Replay(str(path))

@@ -66,6 +66,7 @@ class KernelActions:
             await asyncio.wait([outcome])  # its outcome is its own callers'; then our turn
         outcome = asyncio.get_running_loop().create_future()
         self._inflight[kernel_id] = (method, outcome)
+        pending = None
         try:
             result = await ensure_async(self._next[method](kernel_id, *args, **kwargs))
         except asyncio.CancelledError:
@@ -76,8 +77,22 @@ class KernelActions:
             outcome.exception()  # retrieved: a failure nobody joined is not "never retrieved"
             raise
         else:
-            outcome.set_result(result)
+            # jupyter_server's restart returns a future that resolves once the new kernel answers
+            # kernel_info: the restart is in flight until then.
+            if isinstance(result, asyncio.Future) and not result.done():
+                pending = result
+                pending.add_done_callback(lambda _f: self._finish(kernel_id, outcome, result))
+            else:
+                outcome.set_result(result)
             return result
         finally:
-            if self._inflight.get(kernel_id, (None, None))[1] is outcome:
+            if pending is None and self._inflight.get(kernel_id, (None, None))[1] is outcome:
                 del self._inflight[kernel_id]
+
+    def _finish(self, kernel_id: str, outcome: asyncio.Future, result: asyncio.Future) -> None:
+        if not result.cancelled():
+            result.exception()  # jupyter_server has logged a failed restart; nothing more to say
+        if not outcome.done():
+            outcome.set_result(result)
+        if self._inflight.get(kernel_id, (None, None))[1] is outcome:
+            del self._inflight[kernel_id]

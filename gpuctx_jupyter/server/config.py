@@ -1,12 +1,23 @@
 """Server-side settings: `c.GpuctxServer.<trait>` in jupyter_server_config.py (or --GpuctxServer.<trait>=)."""
 from __future__ import annotations
 
+import math
 import os
 
-from traitlets import Bool, Enum, Float, Int, List, Unicode, default
+from traitlets import (
+    Bool,
+    Enum,
+    Float,
+    Int,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 from traitlets.config import Configurable
 
-from ..contract import DEFAULT_OPS, FRAMEWORKS, OPS
+from ..contract import DEFAULT_OPS, DEFAULT_RECIPE, FRAMEWORKS, OPS, RECIPES
 
 
 class GpuctxServer(Configurable):
@@ -132,9 +143,105 @@ class GpuctxServer(Configurable):
         not run on stale code or environment after upgrades). 0: never.""",
     ).tag(config=True)
 
+    metrics_kernel_labels = Bool(
+        False,
+        help="""Label the per-kernel GPU memory series on /metrics with kernel ids and notebook
+        paths even when /metrics is served without authentication
+        (ServerApp.authenticate_prometheus = False). Off by default: anyone who can reach an
+        unauthenticated /metrics would read what people work on; the series is then summed per
+        kernelspec and GPU. With authentication on (jupyter_server's default) the labels are
+        always there.""",
+    ).tag(config=True)
+
     replay_trace = Unicode(
         "",
         help="""Serve a recorded NVML trace (python -m gpuctx_jupyter.trace record) instead of
         live NVML, for UI tests and demos on machines without a GPU. Every snapshot and the
         panel then say it is a replay; nothing replays unless this is set.""",
     ).tag(config=True)
+
+    warm_recipe = Enum(
+        list(RECIPES), default_value=DEFAULT_RECIPE,
+        help="""What a warmed kernel warms (warm_policy says whether). 'notebook' (default): what
+        its notebook runs, read by the kernel from the notebook at every start and restart — the
+        GPU frameworks it uses and no other, its top-level imports, training (backward, an
+        optimizer step), the dtypes it uses, the device it names; a new empty notebook gets
+        `import torch` only. 'basic': the fixed recipe of warm_frameworks and warm_ops.
+        warm_imports and warm_ops add to either. `%gpu status` shows the plan.""",
+    ).tag(config=True)
+
+    # -- who holds the GPU: idle holders, releasing cached memory, culling -------------------------
+    idle_holder_seconds = Float(
+        600.0,
+        help="""Seconds without user activity after which a kernel that holds GPU memory is marked
+        an idle holder in GET /gpuctx/api/devices (idle_holder: true; the GPU panel highlights it
+        with its idle time and allocator figures). gpuctx's own requests are not activity. 0: never.""",
+    ).tag(config=True)
+
+    release_below_free_fraction = Float(
+        0.05,
+        help="""When a GPU's free memory falls below this fraction of its total (or one of this
+        server's kernels has just run out of memory on it), the server gives memory back there: the
+        warm pool's standbys on that GPU go first, then the cached allocator memory (reserved but
+        unallocated: torch's cache, CuPy's pool) of this server's kernels on it that have been idle
+        release_idle_seconds, as the panel's "Release cached memory" does. Tensors and variables
+        are never touched. 0: off.""",
+    ).tag(config=True)
+
+    release_idle_seconds = Float(
+        300.0,
+        help="""Seconds a kernel must have been idle before automatic release under memory pressure
+        may return its cached GPU memory; each idle stretch is released once.""",
+    ).tag(config=True)
+
+    release_idle_after = Float(
+        0.0,
+        help="""Release the cached GPU memory of any kernel idle this many seconds, whether or not
+        the GPU is short (once per idle stretch). 0 (default): only under memory pressure.""",
+    ).tag(config=True)
+
+    release_timeout = Float(
+        10.0,
+        help="""Seconds to wait for a kernel's reply to a release request (the release route and
+        automatic release) before answering {"status": "no-answer"}.""",
+    ).tag(config=True)
+
+    jax_preallocate = Bool(
+        False,
+        help="""Let JAX preallocate GPU memory in kernels this server starts. JAX takes 75% of every
+        GPU it initialises (~105 GiB of an H200, used or not), so other notebooks run out of memory.
+        False (default): kernels get XLA_PYTHON_CLIENT_PREALLOCATE=false unless their environment
+        sets XLA_PYTHON_CLIENT_PREALLOCATE, XLA_PYTHON_CLIENT_MEM_FRACTION or
+        XLA_PYTHON_CLIENT_ALLOCATOR; `%gpu doctor` says which applies. True: JAX's default.""",
+    ).tag(config=True)
+
+    cull_idle_gpu_kernels_after = Float(
+        0.0,
+        help="""Shut down kernels that hold GPU memory and have had no user activity for this many
+        seconds (0, the default: never) — like MappingKernelManager.cull_idle_timeout, but only for
+        GPU holders. A kernel running a cell is never culled; the log names the notebook and the
+        memory freed; from cull_warning_seconds before, GET /gpuctx/api/devices marks the kernel
+        (cull_at, cull_warning) and JupyterLab's GPU panel notifies its user.""",
+    ).tag(config=True)
+
+    cull_warning_seconds = Float(
+        600.0,
+        help="""How long before culling the GPU API marks a kernel (cull_warning), so that the GPU
+        panel can warn its user.""",
+    ).tag(config=True)
+
+    @validate("idle_holder_seconds", "release_idle_seconds", "release_idle_after", "cull_idle_gpu_kernels_after",
+              "cull_warning_seconds", "release_timeout")
+    def _seconds(self, proposal):
+        value = proposal.value
+        if not math.isfinite(value) or value < 0 or (proposal.trait.name == "release_timeout" and value == 0):
+            raise TraitError(f"c.GpuctxServer.{proposal.trait.name} = {value!r}: give 0 (off) or a positive "
+                             "number of seconds")
+        return value
+
+    @validate("release_below_free_fraction")
+    def _fraction(self, proposal):
+        if not 0 <= proposal.value < 1:
+            raise TraitError(f"c.GpuctxServer.release_below_free_fraction = {proposal.value!r}: give a fraction "
+                             "of the GPU's memory, 0 ≤ f < 1")
+        return proposal.value

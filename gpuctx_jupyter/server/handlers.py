@@ -3,6 +3,10 @@
 Every route is authenticated and authorised by jupyter_server's own machinery. NVML is read in
 the process's one sampler thread (or an executor), never on the event loop of a request; the
 websocket clients of the server share that sampler and, per tick, one serialised snapshot.
+
+Every read path (REST, stream, /metrics) is as fault-tolerant as the sampler: a read or a snapshot
+that fails becomes a snapshot that says why (`gpu: false`, `reason`), logged once per distinct
+error, never a 500 or a traceback per tick.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 from ..core import inventory
 from ..core.sampler import Sample, process_sampler
 from . import kernel_query, metrics, snapshot
+from .actions import Busy, KernelActions
 from .config import GpuctxServer
 from .kernel_client import kernel_pid
 
@@ -34,13 +39,30 @@ ACTIONS = {"interrupt": "interrupt_kernel", "restart": "restart_kernel", "shutdo
 class GpuApi:
     """What the routes share: settings, the process's sampler, and PIDs kernels reported."""
 
-    def __init__(self, serverapp, cfg: GpuctxServer, replay=None):
+    def __init__(self, serverapp, cfg: GpuctxServer, replay=None, hook=None, pool=None, actions=None):
         self.serverapp, self.cfg = serverapp, cfg
         self.sampler = process_sampler()
         self.replay = replay  # a trace.Replay: read from it, and label every snapshot
-        self._take = replay.read if replay else inventory.take
+        self._read = replay.read if replay else inventory.take
+        self.hook, self.pool = hook, pool
+        self.actions = actions or KernelActions(serverapp.kernel_manager)
         self.reported: dict[str, tuple[int | None, int]] = {}  # kernel id -> (local pid, own pid)
         self._message: tuple[Sample | None, str] = (None, "")
+        self._logged: set[str] = set()  # errors already logged (each once)
+
+    def log_once(self, what: str, exc: Exception) -> str:
+        """`what failed: Type: message`, logged the first time it happens (not at every tick)."""
+        line = f"{what} failed: {type(exc).__name__}: {exc}"
+        if line not in self._logged and len(self._logged) < 100:
+            self._logged.add(line)
+            self.serverapp.log.error("gpuctx: %s (logged once)", line)
+        return line
+
+    def _take(self) -> inventory.Inventory:
+        try:
+            return self._read()
+        except Exception as exc:  # as the sampler does: show it, keep serving
+            return inventory.Inventory(nvml_error=self.log_once("reading the GPUs", exc))
 
     def remember_pid(self, kernel_id: str, local_pid: int | None, own_pid: int) -> None:
         """Keep the PID a kernel reported; entries of kernels gone meanwhile are dropped here."""
@@ -66,11 +88,25 @@ class GpuApi:
         return self._fresh() or Sample(time.time(), self._take())
 
     def snapshot(self, sample: Sample) -> dict:
-        snap = snapshot.build(sample.inventory, sample.t, self.cfg.expose_gpus,
-                              lambda: snapshot.list_kernels(self.serverapp, self.reported))
+        try:
+            snap = snapshot.build(sample.inventory, sample.t, self.cfg.expose_gpus,
+                                  lambda: snapshot.list_kernels(self.serverapp, self.reported))
+        except Exception as exc:  # a record of an unexpected shape: say so, as an answer
+            snap = {"gpu": False, "reason": self.log_once("building the GPU snapshot", exc), "time": sample.t,
+                    "devices": [], "hidden": [], "notes": []}
         if self.replay is not None:
             snap["replay"] = self.replay.label
+        snap["pool"] = self.pool_status()
         return snap
+
+    def pool_status(self) -> dict | None:
+        """The warm pool's status (None without a pool); never an exception."""
+        if self.pool is None:
+            return None
+        try:
+            return self.pool.status()
+        except Exception as exc:
+            return {"error": self.log_once("reading the pool's status", exc)}
 
     def stream_message(self, sample: Sample) -> str:
         """One serialised message per sample, whatever the number of clients."""
@@ -105,6 +141,11 @@ class KernelHandler(GpuctxHandler):
     @authorized
     async def get(self, kernel_id: str):
         kernel = self.kernel_or_404(kernel_id)
+        missing = self.api.hook.missing.get(kernel_id) if self.api.hook else None
+        if missing:  # the hook left it alone: it could not answer, so do not wait for it
+            self.finish({"kernel_id": kernel_id, "status": "no-gpuctx",
+                         "reason": f"{missing}: install gpuctx-jupyter there to see this kernel's GPU use"})
+            return
         answer = await kernel_query.ask(kernel, self.api.cfg.kernel_query_timeout)
         if answer.get("status") == "ok" and answer.get("pid"):
             self.api.remember_pid(kernel_id, kernel_pid(kernel), answer["pid"])
@@ -123,8 +164,19 @@ class KernelActionHandler(GpuctxHandler):
             raise web.HTTPError(403, "kernel actions are turned off on this server "
                                      "(c.GpuctxServer.allow_actions = False)")
         self.kernel_or_404(kernel_id)
-        self.api.reported.pop(kernel_id, None)
-        await ensure_async(getattr(self.kernel_manager, ACTIONS[action])(kernel_id))
+        try:
+            done = await self.api.actions.run(ACTIONS[action], kernel_id, wait=False)
+            if isinstance(done, asyncio.Future):  # a restart: answer once the new kernel is up
+                await done
+        except Busy as exc:  # one action per kernel at a time: say so rather than queue or fail
+            raise web.HTTPError(409, str(exc)) from None
+        except web.HTTPError:
+            raise
+        except Exception as exc:  # the kernel manager's own failure, as a JSON answer
+            self.log.error("gpuctx: %s of kernel %s failed: %s: %s", action, kernel_id, type(exc).__name__, exc)
+            raise web.HTTPError(500, f"{action} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            self.api.reported.pop(kernel_id, None)
         self.finish({"status": "ok", "kernel_id": kernel_id, "action": action})
 
 
@@ -204,9 +256,10 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
             self.subscription = None
 
 
-def setup_handlers(web_app, serverapp, cfg: GpuctxServer, replay=None) -> GpuApi:
+def setup_handlers(web_app, serverapp, cfg: GpuctxServer, replay=None, hook=None, pool=None,
+                   actions=None) -> GpuApi:
     """Add the routes and the /metrics collector; returns the state they share."""
-    api = GpuApi(serverapp, cfg, replay)
+    api = GpuApi(serverapp, cfg, replay, hook, pool, actions)
     base = url_path_join(web_app.settings["base_url"], "gpuctx", "api")
     kernel = r"(?P<kernel_id>[^/]+)"
     routes = [
@@ -216,5 +269,6 @@ def setup_handlers(web_app, serverapp, cfg: GpuctxServer, replay=None) -> GpuApi
         (rf"kernels/{kernel}/(?P<action>[^/]+)", KernelActionHandler),
     ]
     web_app.add_handlers(".*$", [(url_path_join(base, path), handler, {"api": api}) for path, handler in routes])
-    metrics.install(lambda: api.snapshot(api.read_now()))
+    private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
+    metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)
     return api

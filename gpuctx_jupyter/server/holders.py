@@ -29,13 +29,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from .. import contract
 from ..contract import Holder, HoldersFile
 from ..core.inventory import Inventory
-from ..core.sampler import Sample, process_sampler
+from ..core.sampler import Sample
 from . import attribution, kernel_query, snapshot
 from .kernel_client import kernel_pid
 
 REWRITE_S = 30.0  # rewrite an unchanged file this often (its readers learn the server still writes)
 BUSY_REASK_S = 10.0  # ask a kernel running a cell for its figures at most this often
-SAMPLE_INTERVAL_S = 1.0
+ROUND_INTERVAL_S = 2.0  # how often the holders file, idle holders, pressure release and culling are updated
 OOM_RECENT_S = 300.0  # the API names a GPU's last out-of-memory error this long
 OOM_RELEASE_S = 60.0  # an out-of-memory error this recent counts as memory pressure on its GPU
 
@@ -87,7 +87,7 @@ def _epoch(dt) -> float | None:
 class Holders:
     def __init__(self, serverapp, reported: dict | None = None, pool=None, path: str | None = None,
                  clock: Callable[[], float] = time.time, ask=kernel_query.ask, query_timeout: float = 2.0,
-                 log=None, sampler=None):
+                 log=None):
         self.serverapp, self.pool, self.log = serverapp, pool, log or serverapp.log
         self.reported = reported if reported is not None else {}  # shared with GpuApi: id -> (local pid, own pid)
         self.path = path or holders_path(serverapp.runtime_dir)
@@ -97,10 +97,7 @@ class Holders:
         self.consumers: list[Consumer] = []
         self.latest: tuple[list[Holder], dict[str, dict[int, int]]] = ([], {})
         self._written: tuple[str, float] | None = None  # (content without times, when)
-        self._sampler = sampler
-        self._token: int | None = None
         self._running = False
-        self._loop = None
         base = getattr(serverapp, "base_url", "/") or "/"
         self.release_url = base.rstrip("/") + "/gpuctx/api/kernels/{id}/release"
 
@@ -228,7 +225,9 @@ class Holders:
         km = self.serverapp.kernel_manager
         due = []
         for h in holders:
-            if h.standby or h.execution_state in ("dead", "starting"):
+            # "starting" too: jupyter_server keeps that state until a tracked message, and a kernel
+            # whose warm-up alone holds GPU memory may never have run a cell
+            if h.standby or h.execution_state == "dead":
                 continue
             if h.id not in held and not (unmatched and h.id not in self.figures):
                 continue  # holds no GPU memory (or is known not to be an unmatched process)
@@ -312,31 +311,30 @@ class Holders:
         return {"kernel_id": kid, "paths": list(holder.paths) if holder else [], "time": when,
                 "framework": o.get("framework"), "requested": o.get("requested")}
 
-    # -- running from the process's sampler -------------------------------------------------------
-    def start(self) -> None:
-        """Run a round after each sample (about once a second), on the event loop."""
-        from tornado.ioloop import IOLoop
+    # -- running on the event loop ----------------------------------------------------------------
+    def start(self, read: Callable[[], Awaitable[Sample]]) -> None:
+        """Run a round every ROUND_INTERVAL_S, reading the GPUs through `read` (the API's: the
+        sampler's latest sample while viewers keep it running, else one read in an executor), so
+        that the server's sampler still stops when no one watches."""
+        from tornado.ioloop import PeriodicCallback
 
-        self._loop = IOLoop.current()
-        sampler = self._sampler or process_sampler()
-        self._token = sampler.subscribe(self._on_sample, SAMPLE_INTERVAL_S)
+        self._read = read
+        self._timer = PeriodicCallback(self._on_timer, ROUND_INTERVAL_S * 1000)
+        self._timer.start()
         atexit.register(self.remove)
 
     def stop(self) -> None:
-        if self._token is not None:
-            (self._sampler or process_sampler()).unsubscribe(self._token)
-            self._token = None
+        if getattr(self, "_timer", None) is not None:
+            self._timer.stop()
+            self._timer = None
         self.remove()
 
-    def _on_sample(self, sample: Sample) -> None:
-        """Runs in the sampler thread: hand over to the event loop (one round at a time)."""
-        if self._loop is not None and not self._running:
-            self._running = True
-            self._loop.add_callback(self._round, sample)
-
-    async def _round(self, sample: Sample) -> None:
+    async def _on_timer(self) -> None:
+        if self._running:
+            return
+        self._running = True
         try:
-            await self.tick(sample.inventory)
+            await self.tick((await self._read()).inventory)
         except Exception as exc:  # never take the server down; say why once per kind
             self.log.warning("gpuctx: the holders round failed: %s: %s", type(exc).__name__, exc)
         finally:
@@ -443,7 +441,7 @@ def install(serverapp, mount_route: bool = True) -> Holders:
     if mount_route:
         mount(serverapp.web_app, api)
     shared.update(holders=holders, pressure=pressure, culler=culler)
-    holders.start()
+    holders.start(api.read)
     serverapp.log.info("gpuctx: holders file %s; release below %g%% free after %g s idle%s", holders.path,
                        values["release_below_free_fraction"] * 100, values["release_idle_seconds"],
                        f"; culling GPU holders idle {values['cull_idle_gpu_kernels_after']:g} s"

@@ -8,6 +8,12 @@ that costs a few µs per field per GPU, once per scrape interval.
 
 The registry is per process and refuses a name twice, so one collector is registered per process
 and pointed at the current server (tests start several servers in one process).
+
+Kernel ids and notebook paths say what people work on: the per-kernel series carry them only when
+/metrics is authenticated (jupyter_server's `authenticate_prometheus`, on by default) or the
+operator asks for them (`GpuctxServer.metrics_kernel_labels`); otherwise the series is summed per
+kernelspec and GPU. A scrape never fails: a snapshot that cannot be read gives the availability
+series with the reason.
 """
 from __future__ import annotations
 
@@ -31,13 +37,14 @@ AVAILABLE = ("gpuctx_gpu_available", "1 when the server sees a GPU; 0 with the r
 KERNEL_MEMORY = ("gpuctx_kernel_gpu_memory_bytes", "GPU memory NVML lists for a kernel of this server "
                  "(its processes and their children), bytes")
 KERNEL_LABELS = ["kernel_id", "kernel_name", "path", "gpu", "uuid"]  # path: its sessions' notebooks
+PUBLIC_KERNEL_LABELS = ["kernel_name", "gpu", "uuid"]  # unauthenticated /metrics: no ids, no paths
 
 
 class GpuCollector:
     """Turns the GPU API's snapshot into Prometheus gauges at each scrape."""
 
-    def __init__(self, snapshot: Callable[[], dict]):
-        self.snapshot = snapshot
+    def __init__(self, snapshot: Callable[[], dict], kernel_labels: bool = True, log_once=None):
+        self.snapshot, self.kernel_labels, self.log_once = snapshot, kernel_labels, log_once
 
     def describe(self):
         # Given, so that registering does not call collect() (and read NVML) at server start.
@@ -45,7 +52,16 @@ class GpuCollector:
         return [GaugeMetricFamily(name, doc) for name, doc in names]
 
     def collect(self):
-        snap = self.snapshot()
+        try:
+            families = list(self._families(self.snapshot()))
+        except Exception as exc:  # never a failed scrape: the reason is a label
+            reason = self.log_once("a /metrics scrape", exc) if self.log_once else f"{type(exc).__name__}: {exc}"
+            available = GaugeMetricFamily(*AVAILABLE, labels=["reason"])
+            available.add_metric([reason], 0)
+            families = [available]
+        yield from families
+
+    def _families(self, snap: dict):
         available = GaugeMetricFamily(*AVAILABLE, labels=["reason"])
         available.add_metric([snap["reason"] or ""], 1 if snap["gpu"] else 0)
         yield available
@@ -57,11 +73,20 @@ class GpuCollector:
                 if value(d) is not None:
                     family.add_metric([str(d["nvml_index"]), str(d["ordinal"]), d["uuid"], d["name"]], value(d))
             yield family
-        kernels = GaugeMetricFamily(*KERNEL_MEMORY, labels=KERNEL_LABELS)
-        for d in snap["devices"]:
-            for kernel, used in kernel_memory(d).values():
-                kernels.add_metric([kernel["id"], kernel["name"], ",".join(kernel["paths"]),
-                                    str(d["nvml_index"]), d["uuid"]], used)
+        if self.kernel_labels:
+            kernels = GaugeMetricFamily(*KERNEL_MEMORY, labels=KERNEL_LABELS)
+            for d in snap["devices"]:
+                for kernel, used in kernel_memory(d).values():
+                    kernels.add_metric([kernel["id"], kernel["name"], ",".join(kernel["paths"]),
+                                        str(d["nvml_index"]), d["uuid"]], used)
+        else:
+            kernels = GaugeMetricFamily(*KERNEL_MEMORY, labels=PUBLIC_KERNEL_LABELS)
+            for d in snap["devices"]:
+                per_spec: dict[str, int] = {}
+                for kernel, used in kernel_memory(d).values():
+                    per_spec[kernel["name"]] = per_spec.get(kernel["name"], 0) + used
+                for name, used in sorted(per_spec.items()):
+                    kernels.add_metric([name, str(d["nvml_index"]), d["uuid"]], used)
         yield kernels
 
 
@@ -78,12 +103,12 @@ def kernel_memory(device: dict) -> dict[str, tuple[dict, int]]:
 _collector: GpuCollector | None = None
 
 
-def install(snapshot: Callable[[], dict]) -> GpuCollector:
+def install(snapshot: Callable[[], dict], kernel_labels: bool = True, log_once=None) -> GpuCollector:
     """Register the collector once per process; a later server replaces what it reads."""
     global _collector
     if _collector is None:
-        _collector = GpuCollector(snapshot)
+        _collector = GpuCollector(snapshot, kernel_labels, log_once)
         REGISTRY.register(_collector)
     else:
-        _collector.snapshot = snapshot
+        _collector.snapshot, _collector.kernel_labels, _collector.log_once = snapshot, kernel_labels, log_once
     return _collector

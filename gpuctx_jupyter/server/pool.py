@@ -7,6 +7,12 @@ adopts one (its working directory and environment set to what the server would h
 fresh kernel), unless an environment variable that CUDA reads only at start-up differs: then a
 fresh kernel starts. A restart swaps a standby in under the same kernel id and re-points the open
 websockets at it. Refilling waits until the adopted kernel has served its first request.
+
+A standby counts as ready once it answers kernel_info (a kernel that exits at once never does).
+A kernelspec whose standbys cannot start (missing, bogus argv, exits at once) is retried with
+exponential backoff up to RETRY_MAX_S, logged once per change of state, and `status()` says why
+its reserve is empty. Every process the pool starts is tracked until the server owns it (adopted)
+or it has stopped, and stopped with its connection file removed when the server exits.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from dataclasses import dataclass
 from jupyter_server.utils import ensure_async
 
 from ..contract import (
+    DEVICE,
     POOLED,
     SESSION,
     WarmPlan,
@@ -39,7 +46,24 @@ CUDA_STARTUP_VARS = (
     "NVIDIA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "LD_LIBRARY_PATH",
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
+EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no standby is started for this long
 WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
+RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
+HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
+READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
+
+
+class StandbyFailed(Exception):
+    """A standby kernel could not be started or did not come up."""
+
+
+@dataclass
+class SpecHealth:
+    """How starting standbys of one kernelspec goes: failures in a row, and when to try next."""
+
+    failures: int = 0
+    error: str | None = None  # the last failure, while failing
+    retry_at: float = 0.0  # time.monotonic()
 
 
 @dataclass
@@ -53,6 +77,14 @@ class Standby:
     @property
     def pid(self) -> int | None:
         return kernel_client.kernel_pid(self.km)
+
+
+def _standby_ordinal(s: Standby) -> int:
+    """The GPU a standby was warmed on: its plan's device, else CUDA's default."""
+    try:
+        return int(s.env.get(DEVICE) or 0)
+    except ValueError:
+        return 0
 
 
 def compatible(standby_env: dict, wanted_env: dict) -> list[str]:
@@ -73,6 +105,10 @@ class KernelPool:
         self._next_shutdown_all = self.mkm.shutdown_all
         self.adopted: dict[str, float] = {}  # kernel id -> when it was handed out
         self.refused: list[str] = []  # why the last refusals happened (for status and tests)
+        self.health: dict[str, SpecHealth] = {}  # kernelspec -> how starting its standbys goes
+        self.unsupported: dict[str, str] = {}  # kernelspec -> why the pool keeps no standby for it
+        self._owned: set = set()  # kernel managers the pool started and still owns (not adopted, not stopped)
+        self._paused: dict[int, float] = {}  # GPU ordinal -> no refill there before (time.monotonic())
 
     # -- wiring ---------------------------------------------------------------------------------
     def install(self) -> None:
@@ -90,11 +126,43 @@ class KernelPool:
         return max(0, n)
 
     def status(self) -> dict:
+        """The pool as the GPU API shows it: per kernelspec, its standbys and, when it has none
+        ready, why (`reason`)."""
         now = time.monotonic()
-        return {"target": self.target(), "kernelspecs": list(self.cfg.pool_kernelspecs),
+        specs = {}
+        for name in self.cfg.pool_kernelspecs:
+            health = self.health.get(name, SpecHealth())
+            ready = sum(1 for s in self.standbys if s.kernel_name == name and s.ready)
+            specs[name] = {"ready": ready, "starting": self._starting.get(name, 0), "failures": health.failures,
+                           "error": health.error, "reason": None if ready else self._empty_reason(name, now)}
+        return {"target": self.target(), "kernelspecs": specs,
                 "standbys": [{"kernel_name": s.kernel_name, "pid": s.pid, "ready": s.ready,
                               "age": round(now - s.started, 1)} for s in self.standbys],
                 "refused": self.refused[-10:]}
+
+    def _empty_reason(self, name: str, now: float) -> str:
+        """Why a kernelspec has no standby ready, in a sentence."""
+        health = self.health.get(name, SpecHealth())
+        if self._closing:
+            return "the server is shutting down"
+        if self.target() == 0:
+            if self.cfg.warm_policy == "never":
+                return "warm_policy is 'never': standbys are warmed kernels, so the pool keeps none"
+            return (f"pool_gpu_budget_mib={self.cfg.pool_gpu_budget_mib} leaves no room for a standby "
+                    f"(~{WARMED_KERNEL_MIB} MiB each)")
+        if name in self.unsupported:
+            return self.unsupported[name]
+        if health.error:
+            wait = max(0.0, health.retry_at - now)
+            return (f"standbys fail to start ({health.failures} in a row): {health.error}; "
+                    f"next try in {wait:.0f} s")
+        if any(until > now for until in self._paused.values()):
+            return "a GPU ran short of memory: standbys were stopped to free it, refilling later"
+        if self._starting.get(name):
+            return "a standby is starting"
+        if self.adopted:
+            return "refilling once the kernel just handed out has served its first request"
+        return "a standby will start shortly"
 
     # -- keeping the pool full ----------------------------------------------------------------
     async def _maintain(self) -> None:
@@ -114,13 +182,57 @@ class KernelPool:
             old = self.cfg.pool_max_age and now - s.started > self.cfg.pool_max_age
             if dead or old:
                 self.standbys.remove(s)
-                self.log.info("gpuctx pool: %s standby %s", "replacing dead" if dead else "recycling", s.pid)
+                if dead:
+                    self._failed(s.kernel_name, f"a standby kernel died ({_exit_status(s.km)})")
+                else:
+                    self.log.info("gpuctx pool: recycling standby %s", s.pid)
                 await self._shutdown(s)
+            elif now - s.started > HEALTHY_AFTER_S:
+                self._healthy(s.kernel_name)
         for name in self.cfg.pool_kernelspecs:
             have = sum(1 for s in self.standbys if s.kernel_name == name) + self._starting.get(name, 0)
-            if have < self.target() and not self._waiting_for_first_request():
+            health = self.health.setdefault(name, SpecHealth())
+            paused = any(until > now for until in self._paused.values())
+            if (have < self.target() and now >= health.retry_at and name not in self.unsupported
+                    and not paused and not self._waiting_for_first_request()):
                 self._starting[name] = self._starting.get(name, 0) + 1
                 self.background.spawn(self._spawn(name), f"starting a standby {name} kernel")
+
+    async def evict(self, ordinal: int) -> int:
+        """GPU `ordinal` is short of memory: stop the standbys warmed on it (their plan's device,
+        else CUDA's default 0) and refill nowhere for EVICT_PAUSE_S. Returns how many stopped."""
+        gone = [s for s in self.standbys if _standby_ordinal(s) == ordinal]
+        for s in gone:
+            self.standbys.remove(s)
+        self._paused[ordinal] = time.monotonic() + EVICT_PAUSE_S
+        await asyncio.gather(*(self._shutdown(s) for s in gone))
+        if gone:
+            self.log.info("gpuctx pool: cuda:%d is short of memory: stopped %d standby(s); no refill for %g s",
+                          ordinal, len(gone), EVICT_PAUSE_S)
+        return len(gone)
+
+    def _failed(self, name: str, error: str) -> None:
+        """A standby of `name` failed: back off; log only when the state changes."""
+        health = self.health.setdefault(name, SpecHealth())
+        health.failures += 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (health.failures - 1))
+        health.retry_at = time.monotonic() + delay
+        if error != health.error:
+            self.log.warning("gpuctx pool: no standby %s kernel: %s; retrying in %g s, backing off up to %g s "
+                             "(the pool's status in GET /gpuctx/api/devices says so too)",
+                             name, error, delay, RETRY_MAX_S)
+        health.error = error
+
+    def _recovered(self, name: str) -> None:
+        """A standby of `name` came up: the error is over (the failure count stays, for the
+        backoff, until one has lived HEALTHY_AFTER_S or been adopted)."""
+        health = self.health.setdefault(name, SpecHealth())
+        if health.error:
+            self.log.info("gpuctx pool: standby %s kernels start again (after %d failures)", name, health.failures)
+            health.error = None
+
+    def _healthy(self, name: str) -> None:
+        self.health[name] = SpecHealth()
 
     def _waiting_for_first_request(self) -> bool:
         """Refill only once adopted kernels have served their first request (or a minute passed),
@@ -135,32 +247,85 @@ class KernelPool:
         return bool(self.adopted)
 
     async def _spawn(self, name: str) -> None:
+        km = None
         try:
             plan = WarmPlan.from_env(await self.hook.plan(name, None) or {})
+            missing = self.hook.without_gpuctx(name)
+            if missing:
+                self.unsupported[name] = f"{missing}: the pool keeps warmed kernels only"
+                self.log.info("gpuctx pool: no standbys for %s: %s", name, missing)
+                return
             if not plan.opt_out:  # the server's own opt-out stands
                 plan.policy = "always"  # a standby has no notebook yet: warm it regardless
             env = {**os.environ, **plan.to_env()}
             kwargs = {"env": env, "extra_arguments": ["--ext=gpuctx"]}
-            km, _, sid = self.mkm.pre_start_kernel(name, kwargs)
+            try:
+                km, _, sid = self.mkm.pre_start_kernel(name, kwargs)
+            except Exception as exc:
+                raise StandbyFailed(f"kernelspec {name!r}: {type(exc).__name__}: {exc}") from None
+            self._owned.add(km)
             kwargs["kernel_id"] = sid
             standby = Standby(km, name, env, time.monotonic())
-            await ensure_async(km.start_kernel(**kwargs))
-            if hasattr(km, "ready"):
-                await asyncio.wrap_future(km.ready) if not isinstance(km.ready, asyncio.Future) else await km.ready
-            standby.ready = True
-            if self._closing:  # the server shut down while this one started
-                await self._shutdown(standby)
+            try:
+                await ensure_async(km.start_kernel(**kwargs))
+                if hasattr(km, "ready"):
+                    await asyncio.wrap_future(km.ready) if not isinstance(km.ready, asyncio.Future) else await km.ready
+            except Exception as exc:
+                raise StandbyFailed(f"could not launch it: {type(exc).__name__}: {exc}") from None
+            if self._closing:  # the server shut down while this one started: `finally` stops it
                 return
+            # Launched: adoptable at once (adoption's first request waits for it to answer), and
+            # ready once it answers kernel_info — a kernel that exits at once never does.
             self.standbys.append(standby)
+            await self._until_ready(km)
+            if standby not in self.standbys:  # adopted (or dropped) while it booted: not ours now
+                return
+            standby.ready = True
+            self._recovered(name)
             self.log.info("gpuctx pool: standby %s kernel ready (pid %s)", name, standby.pid)
+        except StandbyFailed as exc:
+            if not self._closing and self._drop(km):
+                self._failed(name, str(exc))
         except Exception as exc:
-            self.log.warning("gpuctx pool: could not start a standby %s kernel: %s", name, exc)
+            if not self._closing and self._drop(km):
+                self._failed(name, f"{type(exc).__name__}: {exc}")
         finally:
             self._starting[name] -= 1
+            kept = not self._closing and any(s.km is km for s in self.standbys)
+            if km is not None and km in self._owned and not kept:  # failed, or the server is closing
+                self.standbys = [s for s in self.standbys if s.km is not km]
+                await self._stop_km(km)
+
+    def _drop(self, km) -> bool:
+        """Forget a standby that failed while it booted; False when it had been adopted meanwhile
+        (then the server owns it, and its failure is the server's to see)."""
+        if km is None:
+            return True
+        self.standbys = [s for s in self.standbys if s.km is not km]
+        return km in self._owned
+
+    async def _until_ready(self, km) -> None:
+        """Wait until a new standby answers kernel_info; StandbyFailed if its process exits first,
+        it never answers, or the server shuts down meanwhile."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not self._closing:
+            if not await ensure_async(km.is_alive()):
+                raise StandbyFailed(f"the kernel exited during start-up ({_exit_status(km)})")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StandbyFailed(f"the kernel did not answer kernel_info within {READY_TIMEOUT_S:g} s")
+            try:
+                await kernel_client.request(km, "shell", "kernel_info_request", {}, min(1.0, left))
+                return
+            except kernel_client.NoReply:
+                continue
+        raise StandbyFailed("the server is shutting down")
 
     def _take(self, name: str, env: dict) -> Standby | None:
-        for s in self.standbys:
-            if s.kernel_name != name or not s.ready:
+        """A standby for this request: a ready one first, else one still booting (adopting it
+        waits for it to answer, still sooner than a cold start)."""
+        for s in sorted(self.standbys, key=lambda s: not s.ready):
+            if s.kernel_name != name:
                 continue
             differ = compatible(s.env, env)
             if differ:
@@ -196,11 +361,17 @@ class KernelPool:
             internals.unregister(self.mkm, kid)
             await self._shutdown(standby)
             return await ensure_async(self._next_start(*args, **kwargs))
+        self._owned.discard(standby.km)
         self.adopted[kid] = time.monotonic()
+        self._healthy(name)  # adopted: the kernelspec works
         self.log.info("gpuctx pool: kernel %s adopted from the pool (pid %s)", kid, standby.pid)
         return kid
 
     async def restart_kernel(self, kernel_id, *args, **kwargs):
+        """Swap a standby in under `kernel_id`. Not re-entrant per kernel: KernelActions runs one
+        action on a kernel at a time (a second restart joins the first)."""
+        if kernel_id not in self.mkm:
+            return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))  # its own 404
         old = self.mkm.get_kernel(kernel_id)
         launch = internals.launch_args(old)
         env = launch.get("env") or dict(os.environ)
@@ -218,6 +389,7 @@ class KernelPool:
             self.mkm.start_watching_activity(kernel_id)
             await self._shutdown(standby)
             return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
+        self._owned.discard(standby.km)
         await asyncio.gather(*(internals.repoint(conn, standby.km) for conn in conns))
         self.adopted[kernel_id] = time.monotonic()
         # The notebook is on its new kernel already; the old process (a CUDA context takes a few
@@ -265,25 +437,58 @@ class KernelPool:
 
     # -- shutting down ------------------------------------------------------------------------------
     async def shutdown_all(self, *args, **kwargs):
+        """Stop every process the pool started (standbys, ones still starting) before the
+        server's own kernels; each one's connection file goes with it."""
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-        await self.background.drain()
-        standbys, self.standbys = self.standbys, []
-        await asyncio.gather(*(self._shutdown(s) for s in standbys), return_exceptions=True)
+        await self.background.drain()  # starting standbys see _closing and give up at once
+        self.standbys = []
+        await asyncio.gather(*(self._stop_km(km) for km in list(self._owned)), return_exceptions=True)
         return await ensure_async(self._next_shutdown_all(*args, **kwargs))
 
     async def _shutdown(self, s: Standby) -> None:
+        await self._stop_km(s.km)
+
+    async def _stop_km(self, km) -> None:
+        """Stop a kernel the pool owns, and remove its connection file even if stopping failed."""
         try:
-            await ensure_async(s.km.shutdown_kernel(now=True))
+            await ensure_async(km.shutdown_kernel(now=True))
         except Exception as exc:
-            self.log.warning("gpuctx pool: stopping standby %s: %s", s.pid, exc)
+            if await _alive(km):
+                self.log.warning("gpuctx pool: stopping standby %s: %s: %s", kernel_client.kernel_pid(km),
+                                 type(exc).__name__, exc)
+        finally:
+            _remove_connection_file(km)
+            self._owned.discard(km)
 
     def _kill_all(self) -> None:
-        """Last resort at interpreter exit: no standby outlives the server."""
-        for s in self.standbys:
-            if s.pid:
+        """Last resort at interpreter exit: no process the pool started outlives the server."""
+        for km in list(self._owned):
+            pid = kernel_client.kernel_pid(km)
+            if pid:
                 try:
-                    os.kill(s.pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+            _remove_connection_file(km)
+
+
+async def _alive(km) -> bool:
+    try:
+        return bool(await ensure_async(km.is_alive()))
+    except Exception:
+        return False
+
+
+def _exit_status(km) -> str:
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    code = process.poll() if process is not None and hasattr(process, "poll") else None
+    return "its process is gone" if code is None else f"exit code {code}"
+
+
+def _remove_connection_file(km) -> None:
+    try:
+        km.cleanup_connection_file()
+    except Exception:
+        pass

@@ -9,31 +9,64 @@ export interface IKernelActionSpec {
   action: KernelAction;
   /** The button's text and the dialog's verb: "Shut down". */
   verb: string;
+  /** What it does to whom, before the notebook's name: "Shut down the kernel of". */
+  phrase: string;
+  /** The dialog's title: "Shut down kernel?". */
+  title: string;
   /** What the confirmation warns will happen. */
   warning: string;
   /** The last segment of the server's route. */
   api: string;
+  /** Variables or a running cell may be lost: the dialog's button is a warning one. */
+  destructive: boolean;
+  /**
+   * On a GPU card's process rows, only for kernels that hold cached GPU memory or are idle
+   * holders (the notebook section always offers it).
+   */
+  onlyForHolders: boolean;
 }
 
-/** In the order the buttons appear. */
+/** In the order the buttons appear: the least harmful first. */
 export const KERNEL_ACTIONS: readonly IKernelActionSpec[] = [
   {
     action: 'interrupt',
     verb: 'Interrupt',
+    phrase: 'Interrupt the kernel of',
+    title: 'Interrupt kernel?',
     warning: 'The running cell stops with KeyboardInterrupt.',
-    api: 'interrupt'
+    api: 'interrupt',
+    destructive: true,
+    onlyForHolders: false
+  },
+  {
+    action: 'release',
+    verb: 'Release cache',
+    phrase: 'Release the cached GPU memory of',
+    title: 'Release cached memory?',
+    warning: "Frees this notebook's cached GPU memory; its variables stay.",
+    api: 'release',
+    destructive: false,
+    onlyForHolders: true
   },
   {
     action: 'restart',
     verb: 'Restart',
+    phrase: 'Restart the kernel of',
+    title: 'Restart kernel?',
     warning: 'All variables are lost and its GPU memory is released.',
-    api: 'restart'
+    api: 'restart',
+    destructive: true,
+    onlyForHolders: false
   },
   {
     action: 'shutdown',
     verb: 'Shut down',
+    phrase: 'Shut down the kernel of',
+    title: 'Shut down kernel?',
     warning: 'All variables are lost and its GPU memory is released.',
-    api: 'shutdown'
+    api: 'shutdown',
+    destructive: true,
+    onlyForHolders: false
   }
 ];
 
@@ -58,12 +91,12 @@ export interface IActionWording {
 }
 
 export function actionWording(action: KernelAction, target: string): IActionWording {
-  const { verb, warning } = actionSpec(action);
-  const label = `${verb} the kernel of ${target}`;
+  const { phrase, title, warning } = actionSpec(action);
+  const label = `${phrase} ${target}`;
   return {
     label,
-    title: `${verb} kernel?`,
+    title,
     body: `${label}? ${warning}`,
-    failure: `Could not ${verb.toLowerCase()} the kernel of ${target}`
+    failure: `Could not ${phrase[0].toLowerCase()}${phrase.slice(1)} ${target}`
   };
 }

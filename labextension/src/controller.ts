@@ -19,11 +19,12 @@ import { ISignal, Signal } from '@lumino/signaling';
 
 import { actionSpec, actionWording, IActionWording, IKernelActionSpec } from './actions';
 import { backoffDelay, IBackoffOptions } from './backoff';
+import { formatBytes, formatClock } from './format';
 import { DeviceHistory } from './history';
-import { IStatusView, OUTAGE_TEXT, statusView } from './model';
+import { IStatusView, kernelLabel, OUTAGE_TEXT, statusView } from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
 import { GpuStream, StreamState } from './stream';
-import { IKernelView, ISnapshot, KernelAction } from './types';
+import { IKernelRef, IKernelView, IReleaseResult, ISnapshot, KernelAction } from './types';
 
 /** The notebook in the main area's active tab, and its kernel. */
 export interface INotebookRef {
@@ -63,6 +64,16 @@ export interface IHealth {
   outage: boolean;
 }
 
+/** A message for the user that does not need an answer (JupyterLab's notifications). */
+export interface INotice {
+  message: string;
+  type: 'info' | 'success' | 'warning' | 'error';
+  /** Stays until dismissed (a warning about what is about to happen). */
+  sticky: boolean;
+  /** Offer to open the GPU panel. */
+  showPanel?: boolean;
+}
+
 export interface IControllerOptions {
   stream: GpuStream;
   history: DeviceHistory;
@@ -74,6 +85,10 @@ export interface IControllerOptions {
   /** Ask the user; true to go ahead. */
   confirm: (wording: IActionWording, spec: IKernelActionSpec) => Promise<boolean>;
   reportError: (title: string, message: string) => unknown;
+  /** Show a notification; returns its id (for `dismiss`). Without it, nothing is shown. */
+  notify?: (notice: INotice) => string | void;
+  /** Take back a notification that no longer holds (the kernel was used again, or is gone). */
+  dismiss?: (id: string) => void;
   /** Milliseconds since the epoch. */
   now?: () => number;
   setTimeout?: (fn: () => void, ms: number) => unknown;
@@ -89,6 +104,43 @@ export interface IControllerOptions {
 /** The kernel's view is asked over its control channel: not more often than this (ms). */
 export const KERNEL_VIEW_PERIOD = 5000;
 export const KERNEL_VIEW_MAX_BACKOFF = 30000;
+
+/** What "Release cache" gave back, in words: "Released 60.0 GiB from train.ipynb". */
+export function releaseNotice(result: IReleaseResult | null | undefined, label: string): INotice {
+  const failure = `Could not release the cached GPU memory of ${label}`;
+  if (!result || typeof result !== 'object') {
+    return { message: `${failure}: the server gave no answer.`, type: 'error', sticky: false };
+  }
+  if (result.status !== 'ok') {
+    const why = result.reason || result.status || 'no reason given';
+    return { message: `${failure}: ${why}`, type: 'error', sticky: false };
+  }
+  if (result.no_gpu) {
+    return { message: `${label} uses no GPU: nothing to release.`, type: 'info', sticky: false };
+  }
+  const total = typeof result.released_total === 'number' ? result.released_total : null;
+  if (total === null || total <= 0) {
+    return { message: `${label} held no cached GPU memory: nothing to release.`, type: 'info', sticky: false };
+  }
+  const parts = Object.entries(result.released ?? {}).filter(([, bytes]) => typeof bytes === 'number' && bytes > 0);
+  const detail = parts.length > 1 ? ` (${parts.map(([fw, bytes]) => `${fw} ${formatBytes(bytes)}`).join(', ')})` : '';
+  return { message: `Released ${formatBytes(total)} from ${label}${detail}`, type: 'success', sticky: false };
+}
+
+/** The warning that the server will shut an idle GPU notebook down. */
+export function cullNotice(kernel: IKernelRef, bytes: number | null, replay: boolean): INotice {
+  const label = kernelLabel(kernel);
+  const at = typeof kernel.cull_at === 'number' ? formatClock(kernel.cull_at * 1000, false) : 'soon';
+  const free = bytes !== null && bytes > 0 ? ` to free ${formatBytes(bytes)}` : '';
+  return {
+    message:
+      `Idle GPU notebook ${label} will be shut down at ${at}${free}; run a cell to keep it` +
+      (replay ? ' (replay of a recorded trace, not live data)' : ''),
+    type: 'warning',
+    sticky: true,
+    showPanel: true
+  };
+}
 
 /** The HTTP status of a failed request, or null when the server did not answer at all. */
 export function httpStatus(err: unknown): number | null {
@@ -243,11 +295,15 @@ export class GpuController {
       return false;
     }
     let done = false;
+    let answer: unknown = null;
     try {
-      await this._options.kernelAction(request.kernelId, spec.api);
+      answer = await this._options.kernelAction(request.kernelId, spec.api);
       done = true;
     } catch (err) {
       await this._options.reportError(wording.failure, describeFailure(err));
+    }
+    if (done && request.action === 'release') {
+      this._notify(releaseNotice(answer as IReleaseResult, request.label));
     }
     if (done && request.action === 'shutdown') {
       // Gone for sure: not one more request (its 404 would land in the browser's console).
@@ -281,7 +337,60 @@ export class GpuController {
     this._options.history.addSnapshot(snapshot);
     this._receivedAt = this._now();
     this._armWatchdog(); // fresh again, and stale two intervals from now unless another comes
+    this._warnCulls(snapshot);
     this._snapshotChanged.emit(snapshot);
+  }
+
+  // ---- notifications ----
+
+  private _notify(notice: INotice): string | null {
+    if (this._disposed || !this._options.notify) {
+      return null;
+    }
+    try {
+      return this._options.notify(notice) || null;
+    } catch (err) {
+      console.warn('gpuctx: could not show a notification', err);
+      return null;
+    }
+  }
+
+  /**
+   * One notification per kernel and `cull_at`, not one per sample: a new `cull_at` (the kernel
+   * was used, then idled again) warns again; a warning that no longer holds is taken back.
+   */
+  private _warnCulls(snapshot: ISnapshot): void {
+    const warned = new Map<string, { kernel: IKernelRef; bytes: number | null }>();
+    for (const device of snapshot.devices ?? []) {
+      for (const p of device.processes ?? []) {
+        const k = p.kernel;
+        if (!k || !k.cull_warning || typeof k.cull_at !== 'number' || p.standby) {
+          continue;
+        }
+        const seen = warned.get(k.id);
+        const used = typeof p.used_memory === 'number' ? p.used_memory : null;
+        const bytes = used === null ? (seen?.bytes ?? null) : (seen?.bytes ?? 0) + used;
+        warned.set(k.id, { kernel: k, bytes });
+      }
+    }
+    for (const [kernelId, shown] of Array.from(this._cullWarnings)) {
+      const now = warned.get(kernelId);
+      if (!now || now.kernel.cull_at !== shown.cullAt) {
+        if (shown.id !== null) {
+          this._options.dismiss?.(shown.id);
+        }
+        this._cullWarnings.delete(kernelId);
+      }
+    }
+    for (const [kernelId, { kernel, bytes }] of warned) {
+      const key = `${kernelId}@${kernel.cull_at}`;
+      if (!this._cullWarnings.has(kernelId) && !this._cullWarned.has(key)) {
+        // Never the same warning twice, even if a sample without it came in between.
+        this._cullWarned.add(key);
+        const id = this._notify(cullNotice(kernel, bytes, !!snapshot.replay));
+        this._cullWarnings.set(kernelId, { cullAt: kernel.cull_at!, id });
+      }
+    }
   }
 
   private _onStreamState(_: GpuStream, state: StreamState): void {
@@ -481,6 +590,10 @@ export class GpuController {
   private _viewKernel: string | null = null;
   /** Kernels the server answered 404 for: never asked again. */
   private _gone = new Set<string>();
+  /** The cull warnings shown: per kernel, the `cull_at` warned of and the notification's id. */
+  private _cullWarnings = new Map<string, { cullAt: number; id: string | null }>();
+  /** Every `<kernel id>@<cull_at>` warned of. */
+  private _cullWarned = new Set<string>();
   private _unreachable = false;
   private _receivedAt: number | null = null;
   private _stale = false;

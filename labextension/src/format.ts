@@ -14,7 +14,11 @@
  * - **Integers** for percentages (`37%`, no space, as nvidia-smi writes it), temperatures
  *   (`39 °C`, with a space) and watts (`534 / 700 W`).
  * - **Unknown** is an en dash, `–`, never `NaN` or `null`.
- * - **Clock times** are the browser's local time, `hh:mm:ss` on a 24-hour clock.
+ * - **Clock times** are the browser's local time, `hh:mm:ss` on a 24-hour clock (`hh:mm` for a
+ *   moment to come, such as when an idle kernel will be shut down).
+ * - **Durations** (how long a kernel has been idle) count whole units down, never up: under a
+ *   minute in seconds (`45 s`), under an hour in minutes (`12 min`), else hours and two-digit
+ *   minutes (`2 h 01 min`, `26 h 00 min`).
  */
 
 export const MIB = 1024 ** 2;
@@ -130,11 +134,28 @@ export function formatAgo(seconds: number): string {
   return `−${Math.round(s)} s`;
 }
 
-/** Local wall-clock time "14:03:21" of a moment in milliseconds since the epoch. */
-export function formatClock(ms: number): string {
+const two = (n: number) => String(n).padStart(2, '0');
+
+/** Local wall-clock time "14:03:21" (or "14:03" without seconds) of a moment in ms since the epoch. */
+export function formatClock(ms: number, seconds = true): string {
   const d = new Date(ms);
-  const two = (n: number) => String(n).padStart(2, '0');
-  return `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
+  const hm = `${two(d.getHours())}:${two(d.getMinutes())}`;
+  return seconds ? `${hm}:${two(d.getSeconds())}` : hm;
+}
+
+/** How long, rounded down: "45 s", "12 min", "2 h 01 min"; "–" when unknown. */
+export function formatDuration(seconds: number | null | undefined): string {
+  if (!isNum(seconds) || seconds < 0) {
+    return UNKNOWN;
+  }
+  const s = Math.floor(seconds);
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min`;
+  }
+  return `${Math.floor(s / 3600)} h ${two(Math.floor((s % 3600) / 60))} min`;
 }
 
 /** Memory used as a fraction 0..1 of the total; null when either is unknown. */

@@ -6,7 +6,14 @@
  * lives in `GpuController` (controller.ts); what it shows, in `GpuPanel` and `GpuStatusItem`.
  */
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { Dialog, ICommandPalette, IThemeManager, showDialog, showErrorMessage } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  ICommandPalette,
+  IThemeManager,
+  Notification,
+  showDialog,
+  showErrorMessage
+} from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -58,12 +65,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
           body: wording.body,
           buttons: [
             Dialog.cancelButton(),
-            Dialog.warnButton({ label: spec.verb, ariaLabel: `${spec.verb} the kernel` })
+            spec.destructive
+              ? Dialog.warnButton({ label: spec.verb, ariaLabel: wording.label })
+              : Dialog.okButton({ label: spec.verb, ariaLabel: wording.label })
           ]
         });
         return result.button.accept;
       },
-      reportError: (title, message) => showErrorMessage(title, message)
+      reportError: (title, message) => showErrorMessage(title, message),
+      notify: notice =>
+        Notification.emit(notice.message, notice.type, {
+          autoClose: notice.sticky ? false : 8000,
+          actions: notice.showPanel
+            ? [{ label: 'Show the GPU panel', callback: () => app.shell.activateById(PANEL_ID) }]
+            : []
+        }),
+      dismiss: id => Notification.dismiss(id)
     });
 
     const panel = new GpuPanel(controller.history);

@@ -8,6 +8,7 @@ import {
   formatBytes,
   formatBytesShort,
   formatClock,
+  formatDuration,
   formatMemory,
   formatPercent,
   formatPower,
@@ -15,7 +16,16 @@ import {
   formatTemperature,
   memoryFraction
 } from './format';
-import { deviceKey, IGpuDevice, IGpuProcess, IKernelView, ISnapshot } from './types';
+import {
+  deviceKey,
+  IGpuDevice,
+  IGpuProcess,
+  IHolderEvent,
+  IHolders,
+  IKernelRef,
+  IKernelView,
+  ISnapshot
+} from './types';
 
 export const REPLAY_BANNER = 'Replay of a recorded trace — not live data';
 
@@ -24,6 +34,9 @@ export const OUTAGE_TEXT = 'Lost contact with the Jupyter server; retrying…';
 
 const CLICK = 'Click to open the GPU panel.';
 
+export const STANDBY_LABEL = 'warm pool standby';
+export const IDLE_HOLDER_TEXT = 'idle holder';
+
 export interface IProcessView {
   pid: number;
   /** What a person recognises: the notebook, else the kernel or process name, else the PID. */
@@ -31,9 +44,38 @@ export interface IProcessView {
   /** Longer text for the tooltip / screen readers. */
   description: string;
   memory: string;
+  /** NVML's figure in bytes (null: unknown): the order of holders. */
+  usedMemory: number | null;
   /** Set when the process is one of this server's kernels: the actions apply to it. */
   kernelId: string | null;
   executionState: string | null;
+  /** A warm pool standby: no notebook's yet, no actions. */
+  standby: boolean;
+  /** "idle 2 h 01 min", for this server's kernels that are not busy; null otherwise. */
+  idleText: string | null;
+  /** The kernel's allocator: "60.0 GiB in tensors, 614 MiB cached"; null when not reported. */
+  allocatorText: string | null;
+  /** Idle longer than the server's threshold while holding GPU memory. */
+  idleHolder: boolean;
+  /** The server will shut the kernel down at `cullText`'s time unless it runs a cell. */
+  cullWarning: boolean;
+  /** "shut down at 14:05 unless used"; null without a warning. */
+  cullText: string | null;
+  /** Worth a "Release cache" button: it holds cached memory, or is an idle holder. */
+  canRelease: boolean;
+  /** On a GPU with a recent out-of-memory error: the kernel that failed, or a holder there. */
+  oom: 'failing' | 'holder' | null;
+}
+
+/** A recent out-of-memory error on a GPU, in words. */
+export interface IOomView {
+  kernelId: string | null;
+  /** "train.ipynb". */
+  label: string;
+  /** "train.ipynb ran out of memory here 14:03:21". */
+  text: string;
+  /** "torch asked for 2.00 GiB. Held here, largest first: a.ipynb 60.0 GiB (idle holder, idle 2 h 01 min), …". */
+  detail: string;
 }
 
 export interface IDeviceView {
@@ -59,9 +101,14 @@ export interface IDeviceView {
   memoryWarn: boolean;
   temperatureText: string;
   powerText: string;
+  /** In the server's order; largest first while `oom` is set. */
   processes: IProcessView[];
   /** The process holding most memory, preferring notebooks: the compact row names it. */
   top: IProcessView | null;
+  /** "60.0 GiB": memory held here by idle holders; null when none. */
+  idleHeldText: string | null;
+  /** The last out-of-memory error here (within the server's 5 minutes), or null. */
+  oom: IOomView | null;
 }
 
 export interface IReplayView {
@@ -78,6 +125,8 @@ export interface IPanelView {
   noGpu: string | null;
   devices: IDeviceView[];
   notes: string[];
+  /** What the server took back from idle notebooks lately, newest first, in sentences. */
+  reclaimed: string[];
 }
 
 export function isReplay(snapshot: ISnapshot | null | undefined): boolean {
@@ -89,33 +138,170 @@ export function warnFraction(percent: number): number {
   return Math.min(1, Math.max(0, percent / 100));
 }
 
-export function describeProcess(p: IGpuProcess): IProcessView {
+/** The notebook(s) of a kernel by file name, else "python3 kernel 1a2b3c4d". */
+export function kernelLabel(kernel: Pick<IKernelRef, 'id' | 'name' | 'paths'>): string {
+  const paths = kernel.paths ?? [];
+  return paths.length ? paths.map(basename).join(', ') : `${kernel.name || 'kernel'} kernel ${kernel.id.slice(0, 8)}`;
+}
+
+function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) ? v : null;
+}
+
+/** The bytes a kernel's allocator holds but no tensor uses (reserved − allocated when not given). */
+export function cachedBytes(kernel: IKernelRef | undefined): number | null {
+  const m = kernel?.memory;
+  if (!m) {
+    return null;
+  }
+  const cached = num(m.cached);
+  if (cached !== null) {
+    return cached;
+  }
+  const reserved = num(m.reserved);
+  const allocated = num(m.allocated);
+  return reserved !== null && allocated !== null ? Math.max(0, reserved - allocated) : null;
+}
+
+/** "60.0 GiB in tensors, 614 MiB cached", from the kernel's allocator; null when it has not said. */
+export function allocatorText(kernel: IKernelRef | undefined): string | null {
+  const m = kernel?.memory;
+  if (!m) {
+    return null;
+  }
+  const allocated = num(m.allocated);
+  const cached = cachedBytes(kernel);
+  const parts: string[] = [];
+  if (allocated !== null) {
+    parts.push(`${formatBytes(allocated)} in tensors`);
+  }
+  if (cached !== null) {
+    parts.push(`${formatBytes(cached)} cached`);
+  }
+  return parts.length ? parts.join(', ') : null;
+}
+
+/** Context a process row needs from its GPU. */
+export interface IProcessContext {
+  /** The kernel whose out-of-memory error is recent on this GPU; undefined: none. */
+  oomKernel?: string | null;
+}
+
+export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): IProcessView {
   const memory = formatBytes(p.used_memory);
+  const usedMemory = num(p.used_memory);
   const kernel = p.kernel;
+  const plain = {
+    pid: p.pid,
+    memory,
+    usedMemory,
+    standby: false,
+    idleText: null,
+    allocatorText: null,
+    idleHolder: false,
+    cullWarning: false,
+    cullText: null,
+    canRelease: false,
+    oom: context.oomKernel !== undefined ? ('holder' as const) : null
+  };
+  if (p.standby) {
+    const name = p.standby.kernel_name || kernel?.name || 'kernel';
+    const age = num(p.standby.age_s);
+    return {
+      ...plain,
+      label: `${STANDBY_LABEL} (${name})`,
+      description:
+        `A ${STANDBY_LABEL}: a ${name} kernel started ahead of time, so that the next notebook starts at once` +
+        `${age !== null ? `; started ${formatDuration(age)} ago` : ''} (PID ${p.pid})`,
+      kernelId: null,
+      executionState: null,
+      standby: true
+    };
+  }
   if (kernel) {
     const paths = kernel.paths ?? [];
     const kernelName = kernel.name || 'kernel';
-    const label = paths.length ? paths.map(basename).join(', ') : `${kernelName} kernel ${kernel.id.slice(0, 8)}`;
+    const label = kernelLabel(kernel);
     const state = kernel.execution_state ?? null;
     const where = paths.length ? paths.join(', ') : 'no notebook';
+    const idle = num(kernel.idle_s);
+    const idleText = idle !== null && state !== 'busy' ? `idle ${formatDuration(idle)}` : null;
+    const allocator = allocatorText(kernel);
+    const idleHolder = !!kernel.idle_holder;
+    const cullAt = num(kernel.cull_at);
+    const cullWarning = !!kernel.cull_warning && cullAt !== null;
+    const cullText = cullWarning ? `shut down at ${formatClock(cullAt! * 1000, false)} unless used` : null;
+    const cached = cachedBytes(kernel);
+    const facts = [
+      state,
+      idleText,
+      allocator && `allocator: ${allocator}`,
+      idleHolder && `${IDLE_HOLDER_TEXT}: idle while holding GPU memory`,
+      cullText && `the server will ${cullText}`
+    ].filter(Boolean);
     return {
-      pid: p.pid,
+      ...plain,
       label,
-      description: `${where} — ${kernelName} kernel ${kernel.id}, PID ${p.pid}${state ? `, ${state}` : ''}`,
-      memory,
+      description: [`${where} — ${kernelName} kernel ${kernel.id}, PID ${p.pid}`, ...facts].join(', '),
       kernelId: kernel.id,
-      executionState: state
+      executionState: state,
+      idleText,
+      allocatorText: allocator,
+      idleHolder,
+      cullWarning,
+      cullText,
+      canRelease: idleHolder || (cached !== null && cached > 0),
+      oom: context.oomKernel === undefined ? null : context.oomKernel === kernel.id ? 'failing' : 'holder'
     };
   }
   const label = p.name ? `${p.name} (PID ${p.pid})` : `PID ${p.pid}`;
   return {
-    pid: p.pid,
+    ...plain,
     label,
     description: `${label}: not a kernel of this server`,
-    memory,
     kernelId: null,
     executionState: null
   };
+}
+
+/** Largest first (unknown last); the server's order among equals. */
+function byMemory(processes: IGpuProcess[]): IGpuProcess[] {
+  return [...processes].sort((a, b) => (num(b.used_memory) ?? -1) - (num(a.used_memory) ?? -1));
+}
+
+/** The out-of-memory banner of a GPU: who ran out, when, and who holds the memory there. */
+export function describeOom(d: IGpuDevice, holders: IProcessView[]): IOomView | null {
+  const oom = d.oom;
+  if (!oom) {
+    return null;
+  }
+  const kernelId = oom.kernel_id ?? null;
+  const failing = kernelId ? holders.find(p => p.kernelId === kernelId) : undefined;
+  const label = oom.paths?.length
+    ? oom.paths.map(basename).join(', ')
+    : failing
+      ? failing.label
+      : kernelId
+        ? `kernel ${kernelId.slice(0, 8)}`
+        : 'A notebook';
+  const when = num(oom.time) !== null ? ` ${formatClock(oom.time! * 1000)}` : '';
+  const asked = num(oom.requested);
+  const parts: string[] = [];
+  if (asked !== null) {
+    parts.push(`${oom.framework ? `${oom.framework} ` : 'It '}asked for ${formatBytes(asked)} more.`);
+  }
+  const others = holders.filter(p => p.oom === 'holder');
+  if (others.length) {
+    const named = others.slice(0, 4).map(p => {
+      const notes = [p.idleHolder && IDLE_HOLDER_TEXT, p.idleText].filter(Boolean);
+      return `${p.label} ${p.memory}${notes.length ? ` (${notes.join(', ')})` : ''}`;
+    });
+    const more = others.length > 4 ? `, and ${others.length - 4} more` : '';
+    parts.push(`Held here, largest first: ${named.join('; ')}${more}.`);
+  } else {
+    parts.push('No other process holds memory here.');
+  }
+  return { kernelId, label, text: `${label} ran out of memory here${when}`, detail: parts.join(' ') };
 }
 
 /** The process a compact row names: a notebook's kernel before anything else, then the most memory. */
@@ -132,6 +318,9 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90)): IDevic
   const fraction = memoryFraction(d.memory_used, d.memory_total);
   const processes = d.processes ?? [];
   const top = topProcess(processes);
+  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null } : {};
+  const views = (d.oom ? byMemory(processes) : processes).map(p => describeProcess(p, context));
+  const idleHeld = num(d.idle_held);
   return {
     key: deviceKey(d),
     ordinal: d.ordinal,
@@ -155,8 +344,10 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90)): IDevic
     memoryWarn: fraction !== null && fraction >= warnAt,
     temperatureText: formatTemperature(d.temperature),
     powerText: formatPower(d.power_w, d.power_limit_w),
-    processes: processes.map(describeProcess),
-    top: top ? describeProcess(top) : null
+    processes: views,
+    top: top ? describeProcess(top, context) : null,
+    idleHeldText: idleHeld !== null && idleHeld > 0 ? formatBytes(idleHeld) : null,
+    oom: describeOom(d, views)
   };
 }
 
@@ -179,7 +370,34 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
     const names = hidden.map(h => (typeof h.nvml_index === 'number' ? `nvidia-smi ${h.nvml_index} ${h.name}` : h.name));
     notes.push(`Not visible to this server's kernels (CUDA_VISIBLE_DEVICES): ${names.join(', ')}`);
   }
-  return { replay, noGpu, devices, notes };
+  return { replay, noGpu, devices, notes, reclaimed: reclaimedLines(snapshot.holders) };
+}
+
+/**
+ * The server's last automatic releases and culls, newest first: "13:58:07 Released 1.00 GiB of
+ * cached memory from a.ipynb". Entries missing a field still make a sentence.
+ */
+export function reclaimedLines(holders: IHolders | null | undefined): string[] {
+  const name = (e: IHolderEvent) =>
+    e.paths?.length
+      ? e.paths.map(basename).join(', ')
+      : e.kernel_id
+        ? `kernel ${String(e.kernel_id).slice(0, 8)}`
+        : 'a notebook';
+  const bytes = (e: IHolderEvent) => num(e.released_total) ?? num(e.bytes);
+  const when = (e: IHolderEvent) => (num(e.time) !== null ? `${formatClock(e.time! * 1000)} ` : '');
+  const events: [number, string][] = [];
+  for (const e of (Array.isArray(holders?.released) ? holders!.released : []).filter(Boolean)) {
+    const b = bytes(e);
+    const what = b !== null ? `${formatBytes(b)} of cached memory` : 'cached memory';
+    events.push([num(e.time) ?? 0, `${when(e)}Released ${what} from ${name(e)}`]);
+  }
+  for (const e of (Array.isArray(holders?.culled) ? holders!.culled : []).filter(Boolean)) {
+    const b = bytes(e);
+    const freed = b !== null ? `, freeing ${formatBytes(b)}` : '';
+    events.push([num(e.time) ?? 0, `${when(e)}Shut down idle ${name(e)}${freed}`]);
+  }
+  return events.sort((a, b) => b[0] - a[0]).map(([, text]) => text);
 }
 
 /** The GPU a notebook's kernel uses, and the evidence for it. */

@@ -11,13 +11,14 @@ import { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { actionWording, KERNEL_ACTIONS } from './actions';
+import { actionWording, IKernelActionSpec, KERNEL_ACTIONS } from './actions';
 import { HistoryChart } from './chart';
 import { IActionRequest, IHealth, INotebookRef } from './controller';
 import { formatClock, formatPercent, formatSpan } from './format';
 import { DeviceHistory } from './history';
 import {
   IDeviceView,
+  IDLE_HOLDER_TEXT,
   IKernelRow,
   IPanelView,
   IProcessView,
@@ -99,6 +100,11 @@ interface ICard {
   title: HTMLElement;
   subtitle: HTMLElement;
   error: HTMLElement;
+  oom: HTMLElement;
+  oomText: HTMLElement;
+  oomDetail: HTMLElement;
+  idleHeldLabel: HTMLElement;
+  idleHeld: HTMLElement;
   util: IMeter;
   mem: IMeter;
   chart: HistoryChart;
@@ -114,6 +120,12 @@ interface IRow {
   util: IMeter;
   mem: IMeter;
   top: HTMLElement;
+  oom: HTMLElement;
+}
+
+/** Which of the table's actions a row offers. */
+function offered(spec: IKernelActionSpec, holder: boolean | null): boolean {
+  return holder === null || !spec.onlyForHolders || holder;
 }
 
 export class GpuPanel extends Widget {
@@ -187,6 +199,12 @@ export class GpuPanel extends Widget {
     this._compactNode.setAttribute('aria-label', 'GPUs, one row each');
     this._compactNode.hidden = true;
     this._devices.appendChild(this._compactNode);
+    this._reclaimed = el('div', 'jp-gpuctx-reclaimed');
+    this._reclaimed.hidden = true;
+    this._reclaimedList = el('ul', 'jp-gpuctx-reclaimed-list');
+    const reclaimedHeading = el('h4', 'jp-gpuctx-processes-heading', 'Reclaimed from idle notebooks');
+    this._reclaimed.append(reclaimedHeading, this._reclaimedList);
+    this._devices.appendChild(this._reclaimed);
     this._notes = el('ul', 'jp-gpuctx-notes');
     this._devices.appendChild(this._notes);
     this.node.appendChild(this._devices);
@@ -326,6 +344,12 @@ export class GpuPanel extends Widget {
     this._compactNode.hidden = !compact;
     this._renderCards(compact ? [] : view.devices);
     this._renderRowsCompact(compact ? view.devices : []);
+    const reclaimedKey = view.reclaimed.join('\n');
+    if (reclaimedKey !== this._reclaimedKey) {
+      this._reclaimedKey = reclaimedKey;
+      this._reclaimed.hidden = view.reclaimed.length === 0;
+      this._reclaimedList.replaceChildren(...view.reclaimed.map(n => el('li', undefined, n)));
+    }
     const notesKey = view.notes.join('\n');
     if (notesKey !== this._notesKey) {
       this._notesKey = notesKey;
@@ -377,7 +401,7 @@ export class GpuPanel extends Widget {
     const key = `${kernelId}|${label}`;
     if (key !== this._actionsKey) {
       this._actionsKey = key;
-      this._notebookActions.replaceChildren(...(kernelId ? this._actionButtons(kernelId, label) : []));
+      this._notebookActions.replaceChildren(...(kernelId ? this._actionButtons(kernelId, label, null) : []));
     }
     // Nothing to interrupt while the kernel is idle is still allowed: interrupt is harmless.
     const dead = status === 'dead' || status === 'unknown';
@@ -386,8 +410,9 @@ export class GpuPanel extends Widget {
     });
   }
 
-  private _actionButtons(kernelId: string, label: string): HTMLButtonElement[] {
-    return KERNEL_ACTIONS.map(({ action, verb }) => {
+  /** `holder`: null for every action (the notebook section), else whether "Release cache" applies. */
+  private _actionButtons(kernelId: string, label: string, holder: boolean | null): HTMLButtonElement[] {
+    return KERNEL_ACTIONS.filter(spec => offered(spec, holder)).map(({ action, verb }) => {
       const button = el('button', `jp-gpuctx-button jp-gpuctx-button-${action}`, verb);
       button.type = 'button';
       button.dataset.action = action;
@@ -434,17 +459,52 @@ export class GpuPanel extends Widget {
     const error = el('div', 'jp-gpuctx-card-error');
     error.setAttribute('role', 'alert');
     error.hidden = true;
+    // Built once; its headline is a status, its detail (figures that move) is not announced.
+    const oom = el('div', 'jp-gpuctx-oom');
+    oom.setAttribute('role', 'status');
+    oom.hidden = true;
+    const oomText = el('strong', 'jp-gpuctx-oom-text');
+    const oomDetail = el('div', 'jp-gpuctx-oom-detail');
+    oomDetail.setAttribute('aria-live', 'off');
+    oom.append(oomText, oomDetail);
     const util = createMeter('utilization', 'Utilisation');
     const mem = createMeter('memory', 'Memory');
     const chart = new HistoryChart();
     const facts = el('dl', 'jp-gpuctx-rows');
     const temperature = el('dd');
     const power = el('dd');
-    facts.append(el('dt', undefined, 'Temperature'), temperature, el('dt', undefined, 'Power'), power);
+    const idleHeldLabel = el('dt', undefined, 'Held by idle notebooks');
+    const idleHeld = el('dd', 'jp-gpuctx-idle-held');
+    idleHeldLabel.hidden = idleHeld.hidden = true;
+    facts.append(
+      el('dt', undefined, 'Temperature'),
+      temperature,
+      el('dt', undefined, 'Power'),
+      power,
+      idleHeldLabel,
+      idleHeld
+    );
     const procHeading = el('h4', 'jp-gpuctx-processes-heading', 'Processes');
     const processes = el('ul', 'jp-gpuctx-processes');
-    root.append(title, subtitle, error, util.root, mem.root, chart.node, facts, procHeading, processes);
-    return { root, title, subtitle, error, util, mem, chart, temperature, power, processes, processKey: '' };
+    root.append(title, subtitle, error, oom, util.root, mem.root, chart.node, facts, procHeading, processes);
+    return {
+      root,
+      title,
+      subtitle,
+      error,
+      oom,
+      oomText,
+      oomDetail,
+      idleHeldLabel,
+      idleHeld,
+      util,
+      mem,
+      chart,
+      temperature,
+      power,
+      processes,
+      processKey: ''
+    };
   }
 
   private _memoryWarning(d: IDeviceView): string {
@@ -463,6 +523,17 @@ export class GpuPanel extends Widget {
     card.subtitle.hidden = !d.subtitle;
     card.error.hidden = !d.error;
     setText(card.error, d.error ? `Error reading this GPU: ${d.error}` : '');
+    card.root.classList.toggle('jp-gpuctx-mod-oom', !!d.oom);
+    card.oom.hidden = !d.oom;
+    setText(card.oomText, d.oom?.text ?? '');
+    setText(card.oomDetail, d.oom?.detail ?? '');
+    if (d.oom?.kernelId) {
+      setAttr(card.oom, 'data-kernel-id', d.oom.kernelId);
+    } else {
+      card.oom.removeAttribute('data-kernel-id');
+    }
+    card.idleHeldLabel.hidden = card.idleHeld.hidden = !d.idleHeldText;
+    setText(card.idleHeld, d.idleHeldText ?? '');
     const util = d.utilization === null ? null : d.utilization / 100;
     updateMeter(card.util, util, d.utilizationText, d.utilizationText);
     const warning = this._memoryWarning(d);
@@ -478,43 +549,82 @@ export class GpuPanel extends Widget {
       this._settings.chartMemoryScale,
       `Utilisation (solid) and memory (dashed) of ${d.shortName} over the last ${formatSpan(span)}`
     );
-    const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}`).join('|');
+    // Rebuilt only when who is listed, their order, or their buttons change.
+    const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}`).join('|');
     if (key !== card.processKey) {
       card.processKey = key;
       card.processes.replaceChildren(
         ...(d.processes.length ? d.processes.map(p => this._processItem(p)) : [el('li', 'jp-gpuctx-empty', 'none')])
       );
     }
-    // Memory and state change every tick; only they are refreshed in place.
+    // Memory, state, idle time and marks change every tick; they are refreshed in place.
     d.processes.forEach((p, i) => {
       const item = card.processes.children[i] as HTMLElement | undefined;
-      const memory = item?.querySelector('.jp-gpuctx-process-memory');
-      if (memory) {
-        setText(memory, p.memory);
-      }
-      const state = item?.querySelector('.jp-gpuctx-process-state');
-      if (state) {
-        setText(state, p.executionState ?? '');
+      if (item) {
+        this._updateProcessItem(item, p);
       }
     });
   }
 
   private _processItem(p: IProcessView): HTMLElement {
     const item = el('li', 'jp-gpuctx-process');
-    item.title = p.description;
+    item.dataset.pid = String(p.pid);
+    if (p.kernelId) {
+      item.dataset.kernelId = p.kernelId;
+    }
     const line = el('div', 'jp-gpuctx-process-line');
     line.append(
       el('span', 'jp-gpuctx-process-label', p.label),
-      el('span', 'jp-gpuctx-process-state', p.executionState ?? ''),
-      el('span', 'jp-gpuctx-process-memory', p.memory)
+      el('span', 'jp-gpuctx-process-state'),
+      el('span', 'jp-gpuctx-process-memory')
     );
-    item.appendChild(line);
+    // What the kernel does with its memory: idle time, allocator figures, and marks in words
+    // (never colour alone).
+    const facts = el('div', 'jp-gpuctx-process-facts');
+    facts.append(
+      el('span', 'jp-gpuctx-badge jp-gpuctx-badge-oom', 'ran out of memory'),
+      el('span', 'jp-gpuctx-badge jp-gpuctx-badge-idle-holder', IDLE_HOLDER_TEXT),
+      el('span', 'jp-gpuctx-badge jp-gpuctx-badge-cull'),
+      el('span', 'jp-gpuctx-process-idle'),
+      el('span', 'jp-gpuctx-process-allocator')
+    );
+    item.append(line, facts);
     if (p.kernelId) {
       const actions = el('div', 'jp-gpuctx-actions');
-      actions.append(...this._actionButtons(p.kernelId, p.label));
+      actions.append(...this._actionButtons(p.kernelId, p.label, p.canRelease));
       item.appendChild(actions);
     }
+    this._updateProcessItem(item, p);
     return item;
+  }
+
+  private _updateProcessItem(item: HTMLElement, p: IProcessView): void {
+    if (item.title !== p.description) {
+      item.title = p.description;
+    }
+    item.classList.toggle('jp-gpuctx-standby', p.standby);
+    item.classList.toggle('jp-gpuctx-idle-holder', p.idleHolder);
+    item.classList.toggle('jp-gpuctx-cull-warning', p.cullWarning);
+    item.classList.toggle('jp-gpuctx-oom-holder', p.oom === 'holder');
+    item.classList.toggle('jp-gpuctx-oom-failing', p.oom === 'failing');
+    const part = (cls: string, text: string | null) => {
+      const node = item.querySelector(`.${cls}`) as HTMLElement | null;
+      if (node) {
+        setText(node, text ?? '');
+        node.hidden = !text;
+      }
+    };
+    part('jp-gpuctx-process-state', p.executionState);
+    part('jp-gpuctx-process-memory', p.memory);
+    part('jp-gpuctx-badge-oom', p.oom === 'failing' ? 'ran out of memory' : null);
+    part('jp-gpuctx-badge-idle-holder', p.idleHolder ? IDLE_HOLDER_TEXT : null);
+    part('jp-gpuctx-badge-cull', p.cullText);
+    part('jp-gpuctx-process-idle', p.idleText);
+    part('jp-gpuctx-process-allocator', p.allocatorText);
+    const facts = item.querySelector('.jp-gpuctx-process-facts') as HTMLElement | null;
+    if (facts) {
+      facts.hidden = !(p.oom === 'failing' || p.idleHolder || p.cullText || p.idleText || p.allocatorText);
+    }
   }
 
   // ---- compact rows ----
@@ -548,8 +658,11 @@ export class GpuPanel extends Widget {
     const util = createMeter('utilization', 'Utilisation');
     const mem = createMeter('memory', 'Memory');
     const top = el('span', 'jp-gpuctx-compact-top');
-    root.append(name, util.root, mem.root, top);
-    return { root, name, util, mem, top };
+    const oom = el('span', 'jp-gpuctx-compact-oom');
+    oom.setAttribute('role', 'status');
+    oom.hidden = true;
+    root.append(name, util.root, mem.root, top, oom);
+    return { root, name, util, mem, top, oom };
   }
 
   private _updateRow(row: IRow, d: IDeviceView): void {
@@ -562,13 +675,22 @@ export class GpuPanel extends Widget {
     const spoken = `${d.shortName} memory ${d.memoryText}${warning ? `; ${warning}` : ''}`;
     updateMeter(row.mem, d.memoryFraction, d.memoryUsedText, spoken, d.memoryWarn);
     row.mem.root.title = warning || d.memoryText;
+    const t = d.top;
     const top = d.error
       ? `Error: ${d.error}`
-      : d.top
-        ? `${d.top.label} · ${d.top.memory}${d.processes.length > 1 ? ` (+${d.processes.length - 1})` : ''}`
+      : t
+        ? [t.label, t.memory, t.idleHolder ? IDLE_HOLDER_TEXT : null, t.idleText, t.allocatorText]
+            .filter(Boolean)
+            .join(' · ') + (d.processes.length > 1 ? ` (+${d.processes.length - 1})` : '')
         : 'no processes';
     setText(row.top, top);
-    row.top.title = d.top ? d.top.description : '';
+    row.top.title = t ? t.description : '';
+    row.top.classList.toggle('jp-gpuctx-idle-holder', !d.error && !!t?.idleHolder);
+    row.top.classList.toggle('jp-gpuctx-cull-warning', !d.error && !!t?.cullWarning);
+    row.root.classList.toggle('jp-gpuctx-mod-oom', !!d.oom);
+    row.oom.hidden = !d.oom;
+    setText(row.oom, d.oom?.text ?? '');
+    row.oom.title = d.oom?.detail ?? '';
   }
 
   private _settings: IGpuSettings = DEFAULT_SETTINGS;
@@ -596,6 +718,9 @@ export class GpuPanel extends Widget {
   private _compactNode: HTMLElement;
   private _notes: HTMLElement;
   private _notesKey = '';
+  private _reclaimed: HTMLElement;
+  private _reclaimedList: HTMLElement;
+  private _reclaimedKey = '';
   private _cards = new Map<string, ICard>();
   private _rows = new Map<string, IRow>();
   private _visibilityChanged = new Signal<this, boolean>(this);

@@ -3,12 +3,43 @@
  * websocket /gpuctx/api/stream (docs/api.md). Fields the server may leave out are optional.
  */
 
+/** A kernel's allocator on one GPU, as the kernel last reported it (bytes; seconds since the epoch). */
+export interface IKernelMemory {
+  /** In live tensors. */
+  allocated?: number | null;
+  /** Held by the allocator: allocated + cached. */
+  reserved?: number | null;
+  /** Reserved but not in a tensor: what "Release cache" gives back. */
+  cached?: number | null;
+  peak?: number | null;
+  frameworks?: string[] | Record<string, unknown> | null;
+  reported_at?: number | null;
+}
+
 /** The kernel of this server that a GPU process belongs to. */
 export interface IKernelRef {
   id: string;
   name?: string;
   execution_state?: string | null;
   paths?: string[];
+  /** Seconds since its last activity (null: unknown). */
+  idle_s?: number | null;
+  /** Seconds since the epoch. */
+  last_activity?: number | null;
+  /** Its allocator's figures for this GPU, or null when it has not reported them. */
+  memory?: IKernelMemory | null;
+  /** Idle longer than the server's threshold while it holds GPU memory. */
+  idle_holder?: boolean;
+  /** When the server will shut it down (seconds since the epoch), or null. */
+  cull_at?: number | null;
+  /** The server will shut it down at `cull_at`: an idle GPU holder. */
+  cull_warning?: boolean;
+}
+
+/** A kernel of the warm pool, started ahead of time: no notebook's yet. */
+export interface IStandbyRef {
+  kernel_name?: string;
+  age_s?: number | null;
 }
 
 export interface IGpuProcess {
@@ -19,6 +50,19 @@ export interface IGpuProcess {
   kernel?: IKernelRef;
   /** The process name, when it is not one of this server's kernels and /proc shows it. */
   name?: string;
+  /** Set when the process is a warm pool standby. */
+  standby?: IStandbyRef | null;
+}
+
+/** The last out-of-memory error on a GPU (the server keeps it for 5 minutes). */
+export interface IOomEvent {
+  kernel_id?: string;
+  paths?: string[];
+  /** Seconds since the epoch. */
+  time?: number;
+  framework?: string | null;
+  /** Bytes the failing allocation asked for, when known. */
+  requested?: number | null;
 }
 
 export interface IGpuDevice {
@@ -36,6 +80,31 @@ export interface IGpuDevice {
   power_limit_w?: number | null;
   error?: string | null;
   processes?: IGpuProcess[];
+  /** Bytes held on this GPU by idle holders. */
+  idle_held?: number | null;
+  /** The last out-of-memory error here within 5 minutes, or null. */
+  oom?: IOomEvent | null;
+}
+
+/** One automatic release or cull, as the server recalls it (fields may be missing). */
+export interface IHolderEvent {
+  kernel_id?: string;
+  paths?: string[];
+  bytes?: number | null;
+  released_total?: number | null;
+  time?: number;
+  [key: string]: unknown;
+}
+
+/** The server's idle-holder settings and what it did lately. */
+export interface IHolders {
+  idle_holder_seconds?: number | null;
+  release_below_free_fraction?: number | null;
+  release_idle_seconds?: number | null;
+  cull_after_s?: number | null;
+  cull_warning_s?: number | null;
+  released?: IHolderEvent[];
+  culled?: IHolderEvent[];
 }
 
 /**
@@ -64,6 +133,7 @@ export interface ISnapshot {
   hidden?: Omit<IGpuDevice, 'ordinal' | 'processes'>[];
   notes?: string[];
   replay?: IReplay | null;
+  holders?: IHolders | null;
 }
 
 /** The stream's first message: the interval the server granted. */
@@ -116,4 +186,23 @@ export interface IKernelView {
 }
 
 /** The kernel actions of `POST /gpuctx/api/kernels/<id>/<action>` (see actions.ts for their wording). */
-export type KernelAction = 'interrupt' | 'restart' | 'shutdown';
+export type KernelAction = 'interrupt' | 'release' | 'restart' | 'shutdown';
+
+/** `POST /gpuctx/api/kernels/<id>/release`: what went back (HTTP 200 whatever the status). */
+export interface IReleaseResult {
+  kernel_id?: string;
+  status: 'ok' | 'no-answer' | 'dead' | 'error' | string;
+  reason?: string;
+  /** Bytes per framework. */
+  released?: Record<string, number>;
+  released_total?: number;
+  gc_collected?: number;
+  cleared?: unknown;
+  before?: unknown;
+  after?: unknown;
+  seconds?: number;
+  /** The kernel uses no GPU: nothing to release. */
+  no_gpu?: boolean;
+  output_cache?: unknown;
+  round_trip_s?: number;
+}

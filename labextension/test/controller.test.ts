@@ -5,12 +5,20 @@
 import { Signal } from '@lumino/signaling';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 
-import { GpuController, IControllerOptions, INotebookRef, INotebookSource } from '../src/controller';
+import {
+  cullNotice,
+  GpuController,
+  IControllerOptions,
+  INotebookRef,
+  INotebookSource,
+  INotice,
+  releaseNotice
+} from '../src/controller';
 import { DeviceHistory } from '../src/history';
 import { DEFAULT_SETTINGS } from '../src/settings';
 import { GpuStream, ISocket } from '../src/stream';
 import { IKernelView } from '../src/types';
-import { twoGpus } from './fixtures';
+import { at, GIB, holdersSnapshot, twoGpus } from './fixtures';
 
 class FakeSocket implements ISocket {
   onopen: ((ev: unknown) => void) | null = null;
@@ -384,5 +392,162 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     expect(t.sockets[0].closed).toBe(true);
     await vi.advanceTimersByTimeAsync(60000);
     expect(t.requests).toHaveLength(1);
+  });
+});
+
+describe('"Release cache" and the cull warning', () => {
+  function noticed(over: Partial<IControllerOptions> = {}) {
+    const notices: INotice[] = [];
+    const dismissed: string[] = [];
+    const t = setup({
+      notify: n => {
+        notices.push(n);
+        return `n${notices.length}`;
+      },
+      dismiss: id => dismissed.push(id),
+      ...over
+    });
+    return { ...t, notices, dismissed };
+  }
+
+  it('confirms, calls the release route, then says what went back', async () => {
+    const answer = {
+      kernel_id: 'k-idle',
+      status: 'ok',
+      released: { torch: 60 * GIB },
+      released_total: 60 * GIB,
+      gc_collected: 12,
+      no_gpu: false,
+      round_trip_s: 0.2
+    };
+    const t = noticed({ kernelAction: async (id, api) => (api === 'release' ? answer : { status: 'ok' }) });
+    t.confirm(false);
+    expect(await t.controller.runAction({ kernelId: 'k-idle', action: 'release', label: 'train.ipynb' })).toBe(false);
+    expect(t.notices).toEqual([]); // Cancel (or Escape) does nothing
+    t.confirm(true);
+    expect(await t.controller.runAction({ kernelId: 'k-idle', action: 'release', label: 'train.ipynb' })).toBe(true);
+    expect(t.notices).toEqual([{ message: 'Released 60.0 GiB from train.ipynb', type: 'success', sticky: false }]);
+    expect(t.errors).toEqual([]);
+    t.controller.dispose();
+  });
+
+  it('routes "Release cache" to POST …/kernels/<id>/release', async () => {
+    const t = noticed();
+    await t.controller.runAction({ kernelId: 'k1', action: 'release', label: 'a.ipynb' });
+    expect(t.actions).toEqual([['k1', 'release']]);
+    t.controller.dispose();
+  });
+
+  it("shows a kernel's refusal in its words, and an HTTP refusal in the server's", async () => {
+    const t = noticed({
+      kernelAction: async () => ({ status: 'no-answer', reason: 'the kernel did not answer within 2 s: it may be busy' })
+    });
+    await t.controller.runAction({ kernelId: 'k1', action: 'release', label: 'a.ipynb' });
+    expect(t.notices).toEqual([
+      {
+        message: 'Could not release the cached GPU memory of a.ipynb: the kernel did not answer within 2 s: it may be busy',
+        type: 'error',
+        sticky: false
+      }
+    ]);
+    const u = noticed({
+      kernelAction: async () => {
+        throw httpError(409, 'an action on this kernel is in progress (restart): try again once it has finished');
+      }
+    });
+    await u.controller.runAction({ kernelId: 'k1', action: 'release', label: 'a.ipynb' });
+    expect(u.errors).toEqual([
+      [
+        'Could not release the cached GPU memory of a.ipynb',
+        'an action on this kernel is in progress (restart): try again once it has finished'
+      ]
+    ]);
+    expect(u.notices).toEqual([]);
+    t.controller.dispose();
+    u.controller.dispose();
+  });
+
+  it('words every answer of the release route', () => {
+    expect(releaseNotice({ status: 'ok', no_gpu: true, released_total: 0 }, 'a.ipynb').message).toBe(
+      'a.ipynb uses no GPU: nothing to release.'
+    );
+    expect(releaseNotice({ status: 'ok', released: {}, released_total: 0 }, 'a.ipynb').message).toBe(
+      'a.ipynb held no cached GPU memory: nothing to release.'
+    );
+    expect(
+      releaseNotice({ status: 'ok', released: { torch: GIB, cupy: 512 * 1024 ** 2 }, released_total: 1.5 * GIB }, 'a.ipynb')
+        .message
+    ).toBe('Released 1.50 GiB from a.ipynb (torch 1.00 GiB, cupy 512 MiB)');
+    expect(releaseNotice({ status: 'dead', reason: "the kernel's process is not running" }, 'a.ipynb')).toMatchObject({
+      type: 'error',
+      message: "Could not release the cached GPU memory of a.ipynb: the kernel's process is not running"
+    });
+    expect(releaseNotice({ status: 'error' }, 'a.ipynb').message).toBe(
+      'Could not release the cached GPU memory of a.ipynb: error'
+    );
+    expect(releaseNotice(null, 'a.ipynb').type).toBe('error');
+  });
+
+  it('warns once per kernel and cull time, not at every sample', () => {
+    const t = noticed();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...holdersSnapshot(at(14, 0)) });
+    expect(t.notices).toEqual([
+      {
+        message: 'Idle GPU notebook old.ipynb will be shut down at 14:10 to free 61.0 GiB; run a cell to keep it',
+        type: 'warning',
+        sticky: true,
+        showPanel: true
+      }
+    ]);
+    for (let i = 1; i <= 5; i++) {
+      t.sockets[0].send({ type: 'snapshot', ...holdersSnapshot(at(14, 0, i)) });
+    }
+    expect(t.notices).toHaveLength(1);
+    // the notebook ran a cell: the warning is taken back
+    const used = holdersSnapshot(at(14, 1));
+    const k = used.devices[0].processes!.find(p => p.kernel?.id === 'k-idle')!.kernel!;
+    Object.assign(k, { cull_warning: false, cull_at: null, idle_holder: false, idle_s: 2 });
+    t.sockets[0].send({ type: 'snapshot', ...used });
+    expect(t.dismissed).toEqual(['n1']);
+    // idle again, with a new cull time: one new warning
+    const again = holdersSnapshot(at(16, 0));
+    again.devices[0].processes!.find(p => p.kernel?.id === 'k-idle')!.kernel!.cull_at = at(16, 10);
+    t.sockets[0].send({ type: 'snapshot', ...again });
+    t.sockets[0].send({ type: 'snapshot', ...again, time: at(16, 0, 1) });
+    expect(t.notices.map(n => n.message)).toEqual([
+      'Idle GPU notebook old.ipynb will be shut down at 14:10 to free 61.0 GiB; run a cell to keep it',
+      'Idle GPU notebook old.ipynb will be shut down at 16:10 to free 61.0 GiB; run a cell to keep it'
+    ]);
+    // a sample without it, then the same warning again: not shown twice
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(at(16, 0, 2)) });
+    expect(t.dismissed).toEqual(['n1', 'n2']);
+    t.sockets[0].send({ type: 'snapshot', ...again, time: at(16, 0, 3) });
+    expect(t.notices).toHaveLength(2);
+    t.controller.dispose();
+  });
+
+  it('adds up what a kernel holds on every GPU, and says when the data is a replay', () => {
+    const kernel = { id: 'k-12345678', name: 'python3', paths: [], cull_at: at(9, 5), cull_warning: true };
+    expect(cullNotice(kernel, 2 * GIB, true).message).toBe(
+      'Idle GPU notebook python3 kernel k-123456 will be shut down at 09:05 to free 2.00 GiB; run a cell to keep it' +
+        ' (replay of a recorded trace, not live data)'
+    );
+    expect(cullNotice(kernel, null, false).message).toBe(
+      'Idle GPU notebook python3 kernel k-123456 will be shut down at 09:05; run a cell to keep it'
+    );
+    const t = noticed();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    const snap = holdersSnapshot();
+    const second = { ...snap.devices[0], ordinal: 1, uuid: 'GPU-dddd', oom: null };
+    second.processes = [{ pid: 5152, used_memory: 4 * GIB, kernel: { ...snap.devices[0].processes![2].kernel! } }];
+    snap.devices.push(second);
+    t.sockets[0].send({ type: 'snapshot', ...snap });
+    expect(t.notices.map(n => n.message)).toEqual([
+      'Idle GPU notebook old.ipynb will be shut down at 14:10 to free 65.0 GiB; run a cell to keep it'
+    ]);
+    t.controller.dispose();
   });
 });

@@ -35,7 +35,18 @@ export function twoGpus(time = 100): ISnapshot {
             pid: 4242,
             used_memory: 630 * 1024 ** 2,
             kind: 'compute',
-            kernel: { id: 'k-123456789', name: 'python3', execution_state: 'busy', paths: ['work/train.ipynb'] }
+            kernel: {
+              id: 'k-123456789',
+              name: 'python3',
+              execution_state: 'busy',
+              paths: ['work/train.ipynb'],
+              idle_s: 0,
+              last_activity: time,
+              memory: null,
+              idle_holder: false,
+              cull_at: null,
+              cull_warning: false
+            }
           },
           { pid: 77, used_memory: GIB, kind: 'compute', name: 'python' }
         ]
@@ -55,8 +66,105 @@ export function twoGpus(time = 100): ISnapshot {
         error: null,
         processes: [
           { pid: 5000, used_memory: GIB, kernel: { id: 'k-other', name: 'python3', execution_state: 'idle', paths: [] } }
-        ]
+        ],
+        idle_held: 0,
+        oom: null
       }
-    ]
+    ],
+    holders: HOLDER_SETTINGS
+  };
+}
+
+export const HOLDER_SETTINGS = {
+  idle_holder_seconds: 1800,
+  release_below_free_fraction: 0.1,
+  release_idle_seconds: 600,
+  cull_after_s: 7200,
+  cull_warning_s: 600,
+  released: [],
+  culled: []
+};
+
+/** Local time today, in seconds since the epoch (the clock text depends on the time zone). */
+export function at(hours: number, minutes: number, seconds = 0): number {
+  return new Date(2025, 0, 1, hours, minutes, seconds).getTime() / 1000;
+}
+
+/**
+ * One GPU nearly full: train.ipynb (busy) just ran out of memory; old.ipynb has been idle for
+ * 2 h 01 min holding 61 GiB (60 GiB in tensors, 0.6 GiB cached) and is to be culled at 14:10;
+ * a warm pool standby and a process of another user hold the rest.
+ */
+export function holdersSnapshot(time = at(14, 0)): ISnapshot {
+  return {
+    gpu: true,
+    reason: null,
+    time,
+    devices: [
+      {
+        ordinal: 0,
+        nvml_index: 0,
+        uuid: 'GPU-cccc',
+        name: 'NVIDIA H200',
+        memory_used: 139 * GIB,
+        memory_total: 140.4 * GIB,
+        memory_free: 1.4 * GIB,
+        utilization: 90,
+        temperature: 50,
+        power_w: 500,
+        power_limit_w: 700,
+        error: null,
+        processes: [
+          {
+            pid: 4242,
+            used_memory: 2 * GIB,
+            kind: 'compute',
+            kernel: {
+              id: 'k-train',
+              name: 'python3',
+              execution_state: 'busy',
+              paths: ['work/train.ipynb'],
+              idle_s: 0,
+              last_activity: time,
+              memory: { allocated: 1.5 * GIB, reserved: 1.75 * GIB, cached: 0.25 * GIB, peak: 1.9 * GIB, frameworks: ['torch'], reported_at: time },
+              idle_holder: false,
+              cull_at: null,
+              cull_warning: false
+            }
+          },
+          { pid: 900, used_memory: 0.5 * GIB, kind: 'compute', standby: { kernel_name: 'python3', age_s: 42 } },
+          {
+            pid: 5151,
+            used_memory: 61 * GIB,
+            kind: 'compute',
+            kernel: {
+              id: 'k-idle',
+              name: 'python3',
+              execution_state: 'idle',
+              paths: ['old.ipynb'],
+              idle_s: 7260,
+              last_activity: time - 7260,
+              memory: { allocated: 60 * GIB, reserved: 60.6 * GIB, cached: 0.6 * GIB, peak: 61 * GIB, frameworks: ['torch'], reported_at: time - 7260 },
+              idle_holder: true,
+              cull_at: at(14, 10),
+              cull_warning: true
+            }
+          },
+          { pid: 77, used_memory: 70 * GIB, kind: 'compute', name: 'python' },
+          {
+            pid: 6000,
+            used_memory: 3 * GIB,
+            kernel: { id: 'k-quiet', name: 'python3', execution_state: 'idle', paths: ['quiet.ipynb'], idle_s: 65, memory: null }
+          }
+        ],
+        idle_held: 61 * GIB,
+        oom: { kernel_id: 'k-train', paths: ['work/train.ipynb'], time: at(13, 58, 7), framework: 'torch', requested: 4 * GIB }
+      }
+    ],
+    holders: {
+      ...HOLDER_SETTINGS,
+      released: [{ kernel_id: 'k-gone', paths: ['a.ipynb'], released_total: GIB, time: time - 100 }],
+      culled: [{ kernel_id: 'k-older', paths: ['b.ipynb'], bytes: 3 * GIB, time: time - 200 }]
+    }
   };
 }

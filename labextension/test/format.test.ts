@@ -6,6 +6,7 @@ import {
   formatBytes,
   formatBytesShort,
   formatClock,
+  formatDuration,
   formatMemory,
   formatNumber,
   formatPercent,
@@ -87,5 +88,24 @@ describe('format', () => {
     expect(formatClock(new Date(2025, 0, 2, 3, 4, 5).getTime())).toBe('03:04:05');
     expect(basename('a/b/train.ipynb')).toBe('train.ipynb');
     expect(basename('train.ipynb')).toBe('train.ipynb');
+  });
+
+  it('writes durations rounded down: seconds, then minutes, then hours and two-digit minutes', () => {
+    expect(formatDuration(0)).toBe('0 s');
+    expect(formatDuration(45.9)).toBe('45 s');
+    expect(formatDuration(60)).toBe('1 min');
+    expect(formatDuration(3599)).toBe('59 min');
+    expect(formatDuration(3600)).toBe('1 h 00 min');
+    expect(formatDuration(7260)).toBe('2 h 01 min');
+    expect(formatDuration(26 * 3600 + 5 * 60)).toBe('26 h 05 min');
+    expect(formatDuration(null)).toBe('–');
+    expect(formatDuration(-1)).toBe('–');
+    expect(formatDuration(NaN)).toBe('–');
+  });
+
+  it('writes a clock time with or without seconds', () => {
+    const ms = new Date(2025, 0, 1, 9, 5, 7).getTime();
+    expect(formatClock(ms)).toBe('09:05:07');
+    expect(formatClock(ms, false)).toBe('09:05');
   });
 });

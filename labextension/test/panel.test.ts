@@ -250,7 +250,12 @@ describe('GpuPanel', () => {
     panel.setNotebook(info, { status: 'ok', device: null, memory: [], pooled: true, warmup: { state: 'skipped', detail } });
     expect((section.querySelector('details') as HTMLDetailsElement).open).toBe(true);
     expect(section.querySelector('dl')!.textContent).toContain('from the warm pool');
-    expect(section.querySelectorAll('button')).toHaveLength(3);
+    expect(Array.from(section.querySelectorAll('button')).map(b => b.textContent)).toEqual([
+      'Interrupt',
+      'Release cache',
+      'Restart',
+      'Shut down'
+    ]);
     panel.setNotebook(null, null);
     expect(section.querySelectorAll('button')).toHaveLength(0);
     Widget.detach(panel);

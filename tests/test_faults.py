@@ -1,0 +1,460 @@
+"""Faults as tests: each failure mode of issue #14 reproduced against a real jupyter_server with
+real kernels, then checked for what it leaves behind. After each: the server answers, no kernel
+process or connection file is left that neither the server nor the pool tracks, and the server's
+log holds no traceback from gpuctx. docs/reliability.md records what was tried and what happened."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import stat
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from gpuctx_jupyter.core import trace
+
+from .harness.gpus import h200
+from .harness.waiting import wait_for
+
+HERE = os.path.dirname(__file__)
+BUSY = "an action on this kernel is in progress"
+
+# Fake NVML for the server subprocess only: put on its PYTHONPATH as sitecustomize.py. pynvml (the
+# driver's bindings) reports two H200s, the second lost; gpuctx's own read path runs over it.
+FAKE_NVML = """
+import os
+from types import SimpleNamespace
+
+if os.environ.get("GPUCTX_TEST_FAKE_NVML") == "one-lost":
+    import pynvml
+
+    GIB = 1024**3
+
+    def _device(query):
+        def call(handle, *args):
+            if handle == 1:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+            return query(handle, *args)
+        return call
+
+    pynvml.nvmlInit = lambda *a, **k: None
+    pynvml.nvmlDeviceGetCount = lambda: 2
+    pynvml.nvmlDeviceGetHandleByIndex = lambda i: i
+    pynvml.nvmlSystemGetDriverVersion = lambda: "580.159.03"
+    pynvml.nvmlSystemGetCudaDriverVersion = lambda: 13000
+    for name, query in {
+        "nvmlDeviceGetUUID": lambda h: f"GPU-{h:08x}-aaaa-bbbb-cccc-{h:012x}",
+        "nvmlDeviceGetName": lambda h: "NVIDIA H200",
+        "nvmlDeviceGetPciInfo": lambda h: SimpleNamespace(busId=f"00000000:{0x18 + h * 0x20:02X}:00.0"),
+        "nvmlDeviceGetCudaComputeCapability": lambda h: (9, 0),
+        "nvmlDeviceGetMigMode": lambda h: (0, 0),
+        "nvmlDeviceGetPersistenceMode": lambda h: 1,
+        "nvmlDeviceGetMemoryInfo": lambda h: SimpleNamespace(total=141 * GIB, used=GIB, free=140 * GIB),
+        "nvmlDeviceGetUtilizationRates": lambda h: SimpleNamespace(gpu=5, memory=1),
+        "nvmlDeviceGetTemperature": lambda h, sensor: 30,
+        "nvmlDeviceGetPowerUsage": lambda h: 100000,
+        "nvmlDeviceGetEnforcedPowerLimit": lambda h: 700000,
+        "nvmlDeviceGetComputeRunningProcesses": lambda h: [],
+        "nvmlDeviceGetGraphicsRunningProcesses": lambda h: [],
+    }.items():
+        setattr(pynvml, name, _device(query))
+"""
+
+# A Python that has ipykernel but not gpuctx: the server's own interpreter with gpuctx hidden.
+HIDE_GPUCTX = """
+import sys
+
+class _NoGpuctx:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("gpuctx", "gpuctx_jupyter"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoGpuctx())
+"""
+
+
+# -- what a fault may leave behind ---------------------------------------------------------------
+
+@pytest.fixture
+def faulty(server_factory, tmp_path):
+    """Real servers whose kernels' connection files go to a runtime folder of their own."""
+    runtime = tmp_path / "runtime"
+
+    def make(*args, env=None):
+        srv = server_factory(*args, env={"JUPYTER_RUNTIME_DIR": str(runtime), **(env or {})})
+        srv.runtime = str(runtime)
+        return srv
+
+    return make
+
+
+def kernel_processes(srv) -> dict[int, str]:
+    """The server's kernel processes (any descendant started with `-f <connection file>`)."""
+    out = {}
+    try:
+        children = psutil.Process(srv.proc.pid).children(recursive=True)
+    except psutil.Error:
+        return out
+    for child in children:
+        try:
+            argv = child.cmdline()
+            if child.status() != psutil.STATUS_ZOMBIE and "-f" in argv:
+                out[child.pid] = argv[argv.index("-f") + 1]
+        except (psutil.Error, IndexError):
+            pass
+    return out
+
+
+def connection_files(srv) -> set[str]:
+    return set(glob.glob(os.path.join(srv.runtime, "kernel-*.json")))
+
+
+def pool_of(srv) -> dict | None:
+    return srv.api("GET", "/gpuctx/api/devices")[1].get("pool")
+
+
+def leftovers(srv) -> list[str]:
+    """What no one tracks: kernel processes beyond the listed kernels and the pool's standbys,
+    processes whose connection file is gone, connection files without a process."""
+    procs, files = kernel_processes(srv), connection_files(srv)
+    kernels = srv.api("GET", "/api/kernels")[1]
+    pool = pool_of(srv)
+    standbys = len(pool["standbys"]) if pool else 0
+    starting = sum(s["starting"] for s in pool["kernelspecs"].values()) if pool else 0
+    problems = [f"process {pid} lost its connection file {cf}" for pid, cf in procs.items() if cf not in files]
+    problems += [f"connection file {f} without a process" for f in sorted(files - set(procs.values()))]
+    if len(procs) != len(kernels) + standbys or starting:
+        problems.append(f"{len(procs)} kernel processes for {len(kernels)} kernels, {standbys} standbys "
+                        f"and {starting} starting")
+    return problems
+
+
+def settled(srv, timeout: float = 60) -> None:
+    """Wait until nothing is left that no one tracks (stopping a replaced kernel takes a moment)."""
+    last = []
+
+    def clean():
+        last[:] = leftovers(srv)
+        return not last
+
+    try:
+        wait_for(clean, timeout=timeout, every=0.2)
+    except AssertionError:
+        raise AssertionError(f"left behind: {last}") from None
+
+
+def gpuctx_tracebacks(srv) -> list[str]:
+    return [line for line in srv.log().splitlines() if re.search(r'File ".*gpuctx_jupyter', line)]
+
+
+def gpuctx_warnings(srv) -> list[str]:
+    return [line for line in srv.log().splitlines() if line.startswith(("[W", "[E", "[C")) and "gpuctx" in line]
+
+
+def assert_clean(srv, timeout: float = 60) -> None:
+    assert srv.api("GET", "/api/status")[0] == 200
+    assert srv.api("GET", "/gpuctx/api/devices")[0] == 200
+    settled(srv, timeout)
+    assert not gpuctx_tracebacks(srv), gpuctx_tracebacks(srv)
+
+
+def ready_standbys(srv, n: int = 1):
+    return wait_for(lambda: (lambda p: p if p and len(p["standbys"]) >= n and not any(
+        s["starting"] for s in p["kernelspecs"].values()) else None)(pool_of(srv)), timeout=90)
+
+
+def concurrently(calls, workers: int = 20) -> list:
+    """Run the callables at the same moment (released together), in threads; their results."""
+    gate = threading.Barrier(len(calls))
+
+    def go(call):
+        gate.wait()
+        return call()
+
+    with ThreadPoolExecutor(max(workers, len(calls))) as ex:
+        return list(ex.map(go, calls))
+
+
+def pid_of(srv, kid: str) -> int:
+    ks = srv.channels(kid)
+    try:
+        return int(ks.execute("import os; print(os.getpid())").stdout)
+    finally:
+        ks.close()
+
+
+# -- 1, 3: concurrent actions on one kernel ----------------------------------------------------
+
+def restart_storm(srv, kid: str, n: int = 12) -> list[tuple[str, int, dict]]:
+    """`n` restarts of one kernel at once, half through jupyter_server's route, half gpuctx's."""
+    routes = [f"/api/kernels/{kid}/restart", f"/gpuctx/api/kernels/{kid}/restart"]
+    calls = [lambda r=routes[i % 2]: (r, *srv.api("POST", r)) for i in range(n)]
+    return concurrently(calls)
+
+
+def check_storm(results) -> None:
+    for route, code, body in results:
+        if route.startswith("/gpuctx"):
+            assert code in (200, 409), (code, body)
+            if code == 409:
+                assert body["message"].startswith(BUSY), body
+        else:
+            assert code == 200, (code, body)  # jupyter_server's route joins the restart in flight
+
+
+def test_concurrent_restarts_through_the_pool_lose_no_standby(faulty):
+    srv = faulty("--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always")
+    ready_standbys(srv)
+    kid = srv.start_kernel()
+    before = pid_of(srv, kid)
+    ready_standbys(srv)  # refilled after the kernel's first request
+    check_storm(restart_storm(srv, kid))
+    after = pid_of(srv, kid)
+    assert after != before
+    assert [k["id"] for k in srv.api("GET", "/api/kernels")[1]] == [kid]
+    assert_clean(srv)
+    assert not psutil.pid_exists(before) or psutil.Process(before).status() == psutil.STATUS_ZOMBIE
+
+
+def test_concurrent_restarts_without_the_pool_leave_no_process(faulty):
+    srv = faulty("--GpuctxServer.warm_policy=never")
+    kid = srv.start_kernel()
+    before = pid_of(srv, kid)
+    check_storm(restart_storm(srv, kid, n=8))
+    assert pid_of(srv, kid) != before
+    settled(srv)
+    assert "Address already in use" not in srv.log()
+    # a shutdown asked during a restart waits for it, then happens
+    restart, shutdown = concurrently([lambda: srv.api("POST", f"/api/kernels/{kid}/restart"),
+                                      lambda: srv.api("DELETE", f"/api/kernels/{kid}")])
+    assert shutdown[0] == 204, shutdown
+    assert srv.api("GET", "/api/kernels")[1] == []
+    assert_clean(srv)
+
+
+# -- 2: concurrent kernel queries ---------------------------------------------------------------
+
+def test_fifty_concurrent_queries_of_an_idle_kernel_lose_no_reply(faulty):
+    srv = faulty()  # policy auto, no notebook: the hook loads gpuctx, nothing is warmed
+    kid = srv.start_kernel()
+    wait_for(lambda: srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]["status"] == "ok", timeout=60)
+    statuses = []
+    for _ in range(3):
+        answers = concurrently([lambda: srv.api("GET", f"/gpuctx/api/kernels/{kid}") for _ in range(50)])
+        statuses += [(code, body["status"]) for code, body in answers]
+    assert statuses == [(200, "ok")] * 150
+    assert_clean(srv)
+    assert not gpuctx_warnings(srv), gpuctx_warnings(srv)  # a healthy run: nothing at WARNING
+
+
+# -- 12: gpuctx's questions are not the user's activity ------------------------------------------
+
+def test_a_polled_idle_kernel_keeps_its_last_activity_and_is_culled(faulty):
+    """The panel asks every few seconds; the culler must still see the kernel as idle. The kernel
+    is one adopted from the pool, so the adoption's request must not count either."""
+    srv = faulty("--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always",
+                 "--MappingKernelManager.cull_idle_timeout=3", "--MappingKernelManager.cull_interval=1")
+    ready_standbys(srv)
+    kid = srv.start_kernel()
+    assert srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]["status"] == "ok"
+    model = lambda: srv.api("GET", f"/api/kernels/{kid}")  # noqa: E731
+    first = model()[1]
+    assert first["execution_state"] == "idle"
+    deadline = time.monotonic() + 30
+    while True:  # poll faster than the culler's timeout: the kernel goes anyway
+        code, answer = srv.api("GET", f"/gpuctx/api/kernels/{kid}")
+        code, now = model()
+        if code == 404:
+            break
+        assert answer["status"] == "ok" and now["last_activity"] == first["last_activity"], (first, now)
+        assert now["execution_state"] == "idle", now
+        assert time.monotonic() < deadline, "a polled idle kernel was never culled"
+        time.sleep(0.5)
+    assert "Culling kernel" in srv.log() or "culling" in srv.log().lower()
+    assert_clean(srv)
+    # a healthy run: nothing at WARNING, at most one INFO line per kernel start (standbys, the
+    # adoption) besides the one when the extension loads
+    assert not gpuctx_warnings(srv), gpuctx_warnings(srv)
+    info = [line for line in srv.log().splitlines() if line.startswith("[I") and "gpuctx" in line
+            and "extension was successfully" not in line]
+    starts = sum("standby python3 kernel ready" in line for line in info) + 1
+    assert len(info) <= starts + 1, info
+
+
+# -- kernels killed at a bad moment ------------------------------------------------------------
+
+def test_a_standby_killed_during_its_warm_up_is_replaced(faulty):
+    srv = faulty("--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always")
+    first = wait_for(lambda: kernel_processes(srv), timeout=60)  # launched, not yet ready
+    for pid in first:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: set(kernel_processes(srv)) - set(first), timeout=90)
+    ready_standbys(srv)
+    assert_clean(srv)
+
+
+def test_a_kernel_killed_during_its_warm_up_or_a_query_is_reported_dead(faulty, tmp_path):
+    env = {"PYTHONPATH": os.pathsep.join([os.path.join(HERE, "data", "slowimport"), os.environ.get("PYTHONPATH", "")]),
+           "GPUCTX_TEST_RELEASE": str(tmp_path / "never")}  # the warm-up waits forever
+    srv = faulty("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_imports=gpuctx_slow_import",
+                 "--GpuctxServer.kernel_query_timeout=20", env=env)
+    kid = srv.start_kernel()
+    pid = pid_of(srv, kid)  # ready while its warm-up waits
+    blocked = srv.channels(kid)
+    blocked.send("execute_request", {"code": "import time; time.sleep(60)", "silent": False,
+                                     "store_history": False, "user_expressions": {}, "allow_stdin": False})
+    answer = {}
+    asking = threading.Thread(target=lambda: answer.update(zip(("code", "body"),
+                                                               srv.api("GET", f"/gpuctx/api/kernels/{kid}"))))
+    asking.start()
+    time.sleep(0.5)  # the query is in flight (the control thread answers within ms otherwise)
+    os.kill(pid, signal.SIGKILL)
+    asking.join(30)
+    blocked.close()
+    assert answer["code"] == 200 and answer["body"]["status"] in ("ok", "no-answer", "dead", "error"), answer
+    # jupyter_client's restarter brings the kernel back; until then the API says it is dead
+    wait_for(lambda: (lambda a: a["status"] == "ok" and a["pid"] != pid)(
+        srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]), timeout=60)
+    assert srv.api("POST", f"/gpuctx/api/kernels/{kid}/restart")[0] == 200
+    assert pid_of(srv, kid) != pid
+    assert_clean(srv)
+
+
+# -- 6: the server going away --------------------------------------------------------------------
+
+def stop_and_check(srv, pids) -> None:
+    srv.proc.send_signal(signal.SIGTERM)
+    srv.proc.wait(30)
+    wait_for(lambda: not [p for p in pids if psutil.pid_exists(p)
+                          and psutil.Process(p).status() != psutil.STATUS_ZOMBIE], timeout=20)
+    assert connection_files(srv) == set()
+    assert not gpuctx_tracebacks(srv), gpuctx_tracebacks(srv)
+
+
+def test_standbys_stop_with_the_server_when_no_kernel_is_open(faulty):
+    srv = faulty("--GpuctxServer.pool_size=1")
+    ready_standbys(srv)
+    assert srv.api("GET", "/api/kernels")[1] == []
+    stop_and_check(srv, list(kernel_processes(srv)))
+
+
+def test_sigterm_while_the_pool_fills_leaves_nothing(faulty):
+    srv = faulty("--GpuctxServer.pool_size=2", "--GpuctxServer.warm_policy=always")
+    pids = list(wait_for(lambda: kernel_processes(srv), timeout=60))  # starting, not ready
+    stop_and_check(srv, pids + list(kernel_processes(srv)))
+
+
+# -- 5: broken kernelspecs -------------------------------------------------------------------------
+
+def kernelspec(root, name: str, argv: list[str]) -> None:
+    folder = root / "kernels" / name
+    folder.mkdir(parents=True)
+    (folder / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": name, "language": "python"}))
+
+
+def test_broken_kernelspecs_are_retried_with_backoff_and_say_why(faulty, tmp_path):
+    data = tmp_path / "jupyter-data"
+    kernelspec(data, "bogus", ["/nonexistent/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    kernelspec(data, "exits", [sys.executable, "-c", "import sys; sys.exit(3)", "ipykernel", "-f", "{connection_file}"])
+    srv = faulty("--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always",
+                 "--GpuctxServer.pool_kernelspecs=nosuch", "--GpuctxServer.pool_kernelspecs=bogus",
+                 "--GpuctxServer.pool_kernelspecs=exits", env={"JUPYTER_PATH": str(data)})
+    t0 = time.monotonic()
+    wait_for(lambda: all(s["failures"] >= 2 for s in pool_of(srv)["kernelspecs"].values()), timeout=60)
+    time.sleep(max(0.0, 7 - (time.monotonic() - t0)))  # once a second would be 7 tries by now
+    specs = pool_of(srv)["kernelspecs"]
+    for name, spec in specs.items():
+        assert 2 <= spec["failures"] <= 4, (name, spec)  # 2, 4, 8 s apart
+        assert spec["ready"] == 0 and spec["reason"].startswith("standbys fail to start"), spec
+    assert "NoSuchKernel" in specs["nosuch"]["error"]
+    assert "could not launch it" in specs["bogus"]["error"]
+    assert "exited during start-up (exit code 3)" in specs["exits"]["error"]
+    assert connection_files(srv) == set() and kernel_processes(srv) == {}
+    warnings = gpuctx_warnings(srv)
+    for name in specs:  # one line per change of state, not one per attempt
+        assert sum(f"no standby {name} kernel" in w for w in warnings) == 1, warnings
+    assert not gpuctx_tracebacks(srv), gpuctx_tracebacks(srv)
+
+
+# -- 7: a kernel of an environment without gpuctx ----------------------------------------------
+
+def test_a_kernel_without_gpuctx_is_left_alone_and_the_api_says_why(faulty, tmp_path):
+    hide = tmp_path / "hide-gpuctx"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(HIDE_GPUCTX)
+    python = tmp_path / "other-env-python"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={hide}:$PYTHONPATH exec {sys.executable} \"$@\"\n")
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    data = tmp_path / "jupyter-data"
+    kernelspec(data, "other", [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"])
+    srv = faulty("--GpuctxServer.warm_policy=always", env={"JUPYTER_PATH": str(data)})
+    kid = srv.start_kernel("other")
+    t0 = time.monotonic()
+    code, answer = srv.api("GET", f"/gpuctx/api/kernels/{kid}")
+    assert code == 200 and time.monotonic() - t0 < 1.5
+    assert answer["status"] == "no-gpuctx"
+    assert answer["reason"].startswith(f"gpuctx is not installed in this kernel's environment ({python})")
+    ks = srv.channels(kid)
+    assert ks.execute("1 + 1").text == "2"  # the kernel works, untouched
+    ks.close()
+    assert "ModuleNotFoundError" not in srv.log()
+    ours = srv.start_kernel()  # the server's own Python still gets gpuctx
+    wait_for(lambda: srv.api("GET", f"/gpuctx/api/kernels/{ours}")[1]["status"] == "ok", timeout=60)
+    assert_clean(srv)
+
+
+# -- 4: malformed replay traces --------------------------------------------------------------------
+
+def good_sample(t: float) -> str:
+    return json.dumps({"t": t, "records": [trace.record_to_dict(h200(0, used_gib=2))]})
+
+
+def test_malformed_trace_samples_are_skipped_with_one_log_line(faulty, tmp_path):
+    path = tmp_path / "trace.jsonl"
+    newer = trace.record_to_dict(h200(0))
+    newer["nvlink_bandwidth"] = 123  # a field from a newer version: ignored
+    as_string = dict(trace.record_to_dict(h200(0)), memory_used="2 GiB")
+    lines = [json.dumps({"gpuctx_trace": 1, "recorded": "2026-11-30", "host": "h", "interval": 1.0}),
+             good_sample(0.0),
+             json.dumps({"records": [trace.record_to_dict(h200(0))]}),  # no t
+             json.dumps({"t": 1.0, "records": [newer]}),
+             json.dumps({"t": 2.0, "records": [as_string]}),
+             json.dumps({"t": 3.0, "records": [{"uuid": 7}]}),
+             "{not json",
+             json.dumps({"t": 4.0, "records": "none"}),
+             good_sample(5.0)]
+    path.write_text("\n".join(lines) + "\n")
+    srv = faulty(f"--GpuctxServer.replay_trace={path}")
+    for _ in range(3):
+        code, snap = srv.api("GET", "/gpuctx/api/devices")
+        assert code == 200 and snap["gpu"] is True and snap["devices"][0]["name"] == "NVIDIA H200"
+        assert "gpuctx_gpu_memory_used_bytes" in srv.text("/metrics")
+    skipped = [line for line in srv.log().splitlines() if "unreadable sample" in line]
+    assert len(skipped) == 1 and "skipped 5 unreadable samples of 8 (line 3: no time 't'" in skipped[0], skipped
+    assert not gpuctx_tracebacks(srv), gpuctx_tracebacks(srv)
+
+
+# -- NVML failing on one GPU -----------------------------------------------------------------------
+
+def test_one_lost_gpu_is_shown_as_such_and_the_rest_served(faulty, tmp_path):
+    shim = tmp_path / "fake-nvml"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(FAKE_NVML)
+    srv = faulty(env={"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]),
+                      "GPUCTX_TEST_FAKE_NVML": "one-lost"})
+    for _ in range(3):
+        code, snap = srv.api("GET", "/gpuctx/api/devices")
+        assert code == 200 and snap["gpu"] is True, snap
+        records = snap["devices"] + snap["hidden"]
+        assert any(r["error"] is None and r["memory_total"] == 141 * 1024**3 for r in records), records
+        assert any(r["error"] and "GPU is lost" in r["error"] for r in records), records
+        assert "gpuctx_gpu_memory_total_bytes" in srv.text("/metrics")
+    assert not gpuctx_tracebacks(srv) and not gpuctx_warnings(srv)
