@@ -30,6 +30,9 @@ SESSION = "JPY_SESSION_NAME"  # jupyter_server's: the notebook's path, read by t
 
 # -- the control-channel question ---------------------------------------------------------------
 REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
+# The warm pool hands a standby to a notebook: {"cwd", "env", "pooled"} → {"status": "ok"}. On the
+# control channel, so that it is no cell: no execution count, no cell hooks, no user activity.
+ADOPT_REQUEST, ADOPT_REPLY = "gpuctx_adopt_request", "gpuctx_adopt_reply"
 # The function a kernel behind a gateway runs to load gpuctx and apply the plan it was sent
 # (the server names it as text: it never imports the kernel side).
 WARM_ENTRY_MODULE, WARM_ENTRY_FUNCTION = "gpuctx_jupyter.kernel.extension", "warm_from_env"

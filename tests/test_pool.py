@@ -56,6 +56,7 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
     r = ks.execute("import os, json; print(json.dumps([os.getcwd(), os.environ.get('JPY_SESSION_NAME'), os.getpid()]))")
     cwd, session, pid = json.loads(r.stdout)
     assert pid in standby  # the request was served by the standby, not a fresh kernel
+    assert r.reply["execution_count"] == 1  # the hand-over was no cell: the notebook's first is In [1]
     assert cwd == str(tmp_path / "project") and session.endswith("train.ipynb")
     assert "from gpuctx's warm pool" in ks.execute("%gpu status").text
     assert listed(srv) == [kid]

@@ -4,6 +4,10 @@ The control channel is answered even while a cell runs, so a server (or a gatewa
 a remote kernel) learns a busy kernel's device, allocator figures and warm-up state at once.
 Message: `gpuctx_request` (empty content) → `gpuctx_reply` with `report()`'s content.
 
+`gpuctx_adopt_request` → `gpuctx_adopt_reply`: the warm pool hands this kernel (a standby) to a
+notebook: it moves into the notebook's folder and takes the environment a fresh kernel would have
+had. Not a cell, so the warm-up and the user's first cell do not see it as one.
+
 `gpuctx_release_request` → `gpuctx_release_reply`: the server's "Release cached memory" action
 runs what `%gpu free` runs (oom.release_memory: drop the failed cell's references, gc, return the
 frameworks' cached blocks) and replies with what went back. It runs on the control thread, also
@@ -13,7 +17,16 @@ from __future__ import annotations
 
 import os
 
-from ..contract import POOLED, RELEASE_REPLY, RELEASE_REQUEST, REPLY, REQUEST
+from ..contract import (
+    ADOPT_REPLY,
+    ADOPT_REQUEST,
+    POOLED,
+    RELEASE_REPLY,
+    RELEASE_REQUEST,
+    REPLY,
+    REQUEST,
+    SESSION,
+)
 from ..core import frameworks as fws
 from . import oom
 
@@ -39,6 +52,16 @@ def report(magics) -> dict:
     }
 
 
+def adopt(ip, content: dict) -> dict:
+    """Become the kernel of the notebook the warm pool hands this standby to."""
+    os.chdir(content["cwd"])
+    os.environ.update({str(k): str(v) for k, v in (content.get("env") or {}).items()})
+    os.environ[POOLED] = str(content.get("pooled", ""))
+    if SESSION in os.environ:
+        ip.user_ns["__session__"] = os.environ[SESSION]
+    return {"status": "ok", "cwd": os.getcwd()}
+
+
 def register(ip, magics) -> None:
     """Answer `gpuctx_request` on the control channel of the ipykernel running `ip`, if any."""
     kernel = getattr(ip, "kernel", None)
@@ -60,8 +83,16 @@ def register(ip, magics) -> None:
             content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
         kernel.session.send(stream, RELEASE_REPLY, content, parent, ident)
 
+    def adopted(stream, ident, parent):
+        try:
+            content = adopt(ip, parent.get("content") or {})
+        except Exception as exc:  # the pool then stops this standby and starts a fresh kernel
+            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+        kernel.session.send(stream, ADOPT_REPLY, content, parent, ident)
+
     handlers[REQUEST] = handle
     handlers[RELEASE_REQUEST] = release
+    handlers[ADOPT_REQUEST] = adopted
 
 
 def unregister(ip) -> None:
@@ -69,3 +100,4 @@ def unregister(ip) -> None:
     if handlers is not None:
         handlers.pop(REQUEST, None)
         handlers.pop(RELEASE_REQUEST, None)
+        handlers.pop(ADOPT_REQUEST, None)

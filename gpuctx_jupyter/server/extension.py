@@ -1,7 +1,14 @@
 """Loading gpuctx into jupyter_server: settings, the kernel start/restart hook and the GPU API."""
 from __future__ import annotations
 
-from ..contract import RELEASE_REPLY, RELEASE_REQUEST, REPLY, REQUEST
+from ..contract import (
+    ADOPT_REPLY,
+    ADOPT_REQUEST,
+    RELEASE_REPLY,
+    RELEASE_REQUEST,
+    REPLY,
+    REQUEST,
+)
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
 from . import jupyter_internals
@@ -15,7 +22,7 @@ from .tasks import Background
 
 # What gpuctx's control-channel requests cause: the request, its reply, and the busy/idle status
 # the kernel publishes with the request as parent. None of it is the user's activity.
-UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY)
+UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY)
 
 
 def load(serverapp) -> None:

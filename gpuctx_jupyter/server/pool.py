@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import os
 import signal
 import time
@@ -27,8 +26,9 @@ from dataclasses import dataclass
 from jupyter_server.utils import ensure_async
 
 from ..contract import (
+    ADOPT_REPLY,
+    ADOPT_REQUEST,
     DEVICE,
-    POOLED,
     SESSION,
     WarmPlan,
     notebook_wants_gpu,
@@ -421,19 +421,16 @@ class KernelPool:
         km._gpuctx_adopted_at = internals.utcnow()
 
     async def _adopt_in_kernel(self, km, cwd: str, env: dict, standby: Standby) -> None:
+        """Tell the standby it now serves this notebook, on its control channel: no cell runs, so
+        neither the warm-up nor the user's first cell mistakes the hand-over for one."""
         delta = {k: v for k, v in env.items() if standby.env.get(k) != v and k not in CUDA_STARTUP_VARS}
-        code = (
-            "import os as _o\n"
-            f"_o.chdir({cwd!r})\n"
-            f"_o.environ.update({json.dumps(delta)})\n"
-            f"_o.environ[{POOLED!r}] = {str(round(time.monotonic() - standby.started, 1))!r}\n"
-            f"if {SESSION!r} in _o.environ:\n"
-            f"    get_ipython().user_ns['__session__'] = _o.environ[{SESSION!r}]\n"
-            "del _o\n"
-        )
-        reply = await kernel_client.execute(km, code, timeout=10)
-        if reply.get("status") != "ok":
-            self.log.warning("gpuctx pool: adopting kernel: %s", reply.get("evalue"))
+        reply = await kernel_client.request(km, "control", ADOPT_REQUEST,
+                                            {"cwd": cwd, "env": delta,
+                                             "pooled": str(round(time.monotonic() - standby.started, 1))},
+                                            timeout=10)
+        content = reply.get("content", {})
+        if reply.get("msg_type") != ADOPT_REPLY or content.get("status") != "ok":
+            raise RuntimeError(f"the standby did not take the notebook: {content.get('message') or reply.get('msg_type')}")
 
     # -- shutting down ------------------------------------------------------------------------------
     async def shutdown_all(self, *args, **kwargs):
