@@ -104,7 +104,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2000, help="threads per case and side (default 2000)")
     ap.add_argument("--batch", type=int, default=100, help="threads per alternating batch (default 100)")
-    ap.add_argument("--out", default="build/benchmarks/thread_start.json", help="where to write the JSON")
+    ap.add_argument("--out", "--json", dest="out", default="build/benchmarks/thread_start.json", help="where to write the JSON")
     ap.add_argument("--no-torch", action="store_true", help="skip the case that imports torch")
     args = ap.parse_args()
 

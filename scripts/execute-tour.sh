@@ -2,12 +2,17 @@
 # Execute the tour notebook top to bottom in a real kernel and keep the executed copy
 # (on the GPU machine, its real outputs go to docs/tour-h200.ipynb).
 #
-#   scripts/execute-tour.sh [OUT]     # default docs/tour-executed.ipynb
+#   scripts/execute-tour.sh [OUT]     # default build/tour-executed.ipynb
+#
+# Needs nbclient and ipykernel with gpuctx importable: the project's .venv has them (`make setup`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out="${1:-docs/tour-executed.ipynb}"
+# The project's environment (`make setup`) when there is one, else python3; PYTHON overrides.
+py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+out="${1:-build/tour-executed.ipynb}"
+mkdir -p "$(dirname "$out")"
 export PYTHONPATH="${PYTHONPATH:-}:$PWD"
-python3 - "$out" <<'PY'
+"$py" - "$out" <<'PY'
 import sys, time
 import nbformat
 from nbclient import NotebookClient

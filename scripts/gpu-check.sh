@@ -5,33 +5,41 @@
 #
 # `tests` and `benchmarks` split the run in two (each well under 10 minutes on an H200).
 #
-# The machine needs python3 with torch (CUDA) and pytest; the Jupyter packages come from
-# .devwheels/ when present (../shared/device/wheelhouse.sh builds it), else must be installed.
+# The machine needs python3 (or the project's .venv, or $PYTHON) with torch (CUDA) and pytest;
+# the Jupyter packages come from .devwheels/ when present (../shared/device/wheelhouse.sh builds
+# it), else must be installed.
 # Results (test log, benchmark JSON) go to $OUT when set, else benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The project's environment (`make setup`) when there is one, else python3; PYTHON overrides.
+py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+export PYTHON="$py"  # the tour and the trace below run on the same one
 results="${OUT:-benchmarks/results}"
 mkdir -p "$results"
 if [ -d .devwheels ] && ls .devwheels/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
   export PYTHONPATH="/tmp/gpuctx-site:$PWD"
 else
   export PYTHONPATH="$PWD"
 fi
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$results/nvidia-smi.csv"
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
+"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
 part="${1:-all}"
 case "$part" in all|tests|benchmarks) shift || true ;; *) part=all ;; esac
 status=0
 if [ "$part" != benchmarks ]; then
-python3 -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
+"$py" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" "$@" 2>&1 | tee "$results/gpu-tests.log" || status=1
 fi
 [ "$part" = tests ] && exit $status
-for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py "benchmarks/first_cell.py --pool"; do
+for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py "benchmarks/first_cell.py --pool" \
+             benchmarks/thread_start.py \
+             "benchmarks/notebooks.py --notebooks mlp_adamw,cnn_sgd,gpu_use_1,heavy_imports,transformer_bf16 --cases cold,idle,runall,restart --repeat 3"; do
   name="$(basename "${bench%% *}" .py)"
-  python3 $bench --json "$results/$name.json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
+  "$py" $bench --json "$results/$name.json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
 done
+# Who holds my GPU: three notebooks through a real server, one runs out of memory (needs ≥ 40 GiB).
+OUT="$results" scripts/oom-demo.sh 2>&1 | tee -a "$results/benchmarks.log" || status=1
 # The trace the UI tests and the no-GPU demo replay (copy it to tests/data/ to use it).
 scripts/record-trace.sh "$results/h200-trace.jsonl" || status=1
 # The tour with real outputs (copy it to docs/tour-h200.ipynb).

@@ -3,11 +3,15 @@
 # a torch load that alternates busy and idle phases on every GPU while gpuctx records 90 s.
 #
 #   scripts/record-trace.sh [OUT]     # default tests/data/h200-trace.jsonl
+#
+# Needs torch with CUDA and NVML (nvidia-ml-py); gpuctx is imported from this checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The project's environment (`make setup`) when there is one, else python3; PYTHON overrides.
+py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 out="${1:-tests/data/h200-trace.jsonl}"
 export PYTHONPATH="${PYTHONPATH:-}:$PWD"
-python3 - <<'PY' &
+"$py" - <<'PY' &
 import time, torch
 devs = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
 keep = [torch.empty(int((4 + 8 * i) * 2**30), dtype=torch.uint8, device=d) for i, d in enumerate(devs)]
@@ -22,5 +26,5 @@ while time.monotonic() - t0 < 95:
 PY
 load=$!
 sleep 3
-python3 -m gpuctx_jupyter.trace record --seconds 90 --interval 1 --out "$out"
+"$py" -m gpuctx_jupyter.trace record --seconds 90 --interval 1 --out "$out"
 wait $load || true

@@ -3,26 +3,90 @@ jupyter_server subprocesses (plain, with the warm pool, behind a Kernel Gateway)
 browser-test module, NVML records for machines without a GPU, and the `gpu` marker's skip rule."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-import time
+from collections import defaultdict
 
 import pytest
 
 from gpuctx_jupyter.core import nvml
 
+from .harness import cache
 from .harness.gpus import NO_GPU
 from .harness.server import Server, free_port
+from .harness.waiting import wait_for
 
 
 def pytest_collection_modifyitems(config, items):
+    slowest_files_first(config, items)
     if NO_GPU is None:
         return
     skip = pytest.mark.skip(reason=f"GPU test, no GPU here: {NO_GPU} (run scripts/gpu-check.sh on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the slowest test files first, so that parallel workers finish together ------------------------
+# `make test` hands whole files to xdist workers in collection order (--no-loadscope-reorder): the
+# files that took longest in the last run go first. A file never timed yet is guessed from the
+# longest timeout its tests declare (the Binder test's first build). Timings: .cache/tests/.
+FILE_SECONDS = cache.ROOT / "file-seconds.json"
+_seconds: dict[str, float] = defaultdict(float)
+
+
+def known_file_seconds() -> dict[str, float]:
+    try:
+        return json.loads(FILE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist: every worker orders the files alike, from the timings the controller read once."""
+    node.workerinput["gpuctx_file_seconds"] = known_file_seconds()
+
+
+def slowest_files_first(config, items) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    known = workerinput["gpuctx_file_seconds"] if workerinput else known_file_seconds()
+    guess: dict[str, float] = {}
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        declared = max((m.args[0] for m in item.iter_markers("timeout") if m.args), default=0)
+        guess[path] = max(guess.get(path, 1.0), declared / 5)
+    items.sort(key=lambda item: (-known.get(path := item.nodeid.split("::")[0], guess[path]), path))
+
+
+def pytest_runtest_logreport(report):
+    _seconds[report.nodeid.split("::")[0]] += report.duration
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput") or not _seconds:
+        return  # a worker: the controller writes
+    known = known_file_seconds()
+    known.update({path: round(seconds, 1) for path, seconds in _seconds.items()})
+    FILE_SECONDS.parent.mkdir(parents=True, exist_ok=True)
+    tmp = FILE_SECONDS.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
+    os.replace(tmp, FILE_SECONDS)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Browser tests skipped for want of a browser share one location, so `-ra` sums them up in
+    one line (`SKIPPED [7] ...: no Chromium ...: make browser ...`), not one line per test."""
+    report = yield
+    if report.skipped and "browser" in item.fixturenames and isinstance(report.longrepr, tuple):
+        from .harness.browser import missing_browser
+
+        code = missing_browser.__code__
+        report.longrepr = (code.co_filename, code.co_firstlineno, report.longrepr[2])
+    return report
 
 
 @pytest.fixture
@@ -68,6 +132,7 @@ def server_factory(tmp_path):
         servers.append(srv.start())
         return srv
 
+    make.servers = servers
     yield make
     for srv in servers:
         srv.stop()
@@ -80,32 +145,62 @@ def pool_server(server_factory):
 
 
 @pytest.fixture
-def kernel_gateway(tmp_path):
+def kernel_gateway(tmp_path, request):
     """A real Jupyter Kernel Gateway on a free port; its URL."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
-                             f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
-                             "--JupyterWebsocketPersonality.list_kernels=True"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
-    gw = Server(str(tmp_path))  # only for its api() helper
-    gw.port, gw.token = port, None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if gw.api("GET", "/api", token=None)[0] == 200:
-                break
-        except OSError:
-            time.sleep(0.2)
+    for _attempt in range(3):  # a port taken meanwhile by a parallel worker: try another
+        proc, port = start_gateway(tmp_path)
+        if proc:
+            break
+    else:
+        pytest.fail("the kernel gateway found its port taken three times")
     yield f"http://127.0.0.1:{port}"
+    # The test's servers first, while the gateway still answers their kernel shutdowns (else each
+    # server retries a gateway that is gone for ~20 s before it exits).
+    if "server_factory" in request.fixturenames:
+        for srv in request.getfixturevalue("server_factory").servers:
+            srv.stop()
     proc.terminate()
     proc.wait(20)
 
 
+def start_gateway(tmp_path):
+    """(process, port) of a gateway answering on its port, or (None, port) if the port was taken."""
+    port = free_port()
+    log_path = tmp_path / f"gateway-{port}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "kernel_gateway", "--KernelGatewayApp.ip=127.0.0.1",
+                                 f"--KernelGatewayApp.port={port}", "--KernelGatewayApp.port_retries=0",
+                                 "--JupyterWebsocketPersonality.list_kernels=True"],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    gw = Server(str(tmp_path))  # only for its api() helper
+    gw.port, gw.token = port, None
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            return gw.api("GET", "/api", token=None)[0] == 200
+        except OSError:
+            return False
+
+    wait_for(answers, timeout=60)
+    if proc.poll() is None:
+        return proc, port
+    assert "already in use" in log_path.read_text(), f"the kernel gateway exited: {log_path.read_text()}"
+    return None, port
+
+
 @pytest.fixture(scope="module")
 def browser():
-    """One headless Debian Chromium per browser-test module."""
-    from .harness.browser import Browser
+    """One headless Debian Chromium per browser-test module. Where none can run, its tests are
+    skipped with one reason that names the fix — or fail, where GPUCTX_REQUIRE_BROWSER=1 (CI)."""
+    from .harness.browser import Browser, browser_required, missing_browser
 
+    why_not = missing_browser()
+    if why_not and browser_required():
+        pytest.fail(f"the browser tests are required here (GPUCTX_REQUIRE_BROWSER=1) but cannot run: {why_not}")
+    if why_not:
+        pytest.skip(why_not)
     b = Browser()
     yield b
     b.close()

@@ -10,7 +10,6 @@ import pytest
 
 from .harness.browser import (
     LAB_ARGS,
-    browser_tests_mark,
     kernel_idle,
     notebook_json,
     open_notebook,
@@ -20,14 +19,11 @@ from .harness.browser import (
 )
 from .harness.server import Server
 
-
-pytestmark = browser_tests_mark()
-
 NOTEBOOK = notebook_json("sleepy", "import time\ntime.sleep(60)\nprint('slept', 'on')")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(browser, tmp_path_factory):  # the browser first: skipped without one, no lab started
     root = tmp_path_factory.mktemp("lab")
     (root / "sleep.ipynb").write_text(NOTEBOOK)
     server = Server(str(root), app="jupyterlab", env={"CUDA_VISIBLE_DEVICES": ""}, args=[
@@ -39,7 +35,7 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(lab, browser):
+def page(browser, lab):
     page = open_notebook(browser, lab, "sleep.ipynb")
     yield page
     page.close()
@@ -65,11 +61,13 @@ def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
     assert browser.errors == []
 
 
-def test_status_bar_says_no_gpu_and_opens_the_panel(page, browser):
+def test_status_bar_says_no_gpu_and_opens_the_panel(lab, page, browser):
     item = page.locator(".jp-gpuctx-status-button")
     item.wait_for(state="visible")
-    page.wait_for_function("() => document.querySelector('.jp-gpuctx-status-button').textContent === 'no GPU'")
-    assert "No GPU" in item.get_attribute("aria-label")
+    page.wait_for_function("() => document.querySelector('.jp-gpuctx-status').dataset.gpuctxState === 'no-gpu'")
+    _, snapshot = lab.api("GET", "/gpuctx/api/devices")
+    assert item.inner_text() == "GPU –"
+    assert item.get_attribute("aria-label").startswith(f"No GPU: {snapshot['reason']}")
     page.locator('.jp-SideBar .lm-TabBar-tab[data-id="filebrowser"]').click()
     page.locator("#gpuctx-panel").wait_for(state="hidden")
     item.click()

@@ -14,10 +14,10 @@ import pytest
 
 from .harness.browser import (
     LAB_ARGS,
-    browser_tests_mark,
     notebook_json,
     open_notebook,
     open_panel,
+    refreshing_docs,
     screenshot,
     shoot,
 )
@@ -27,14 +27,12 @@ REPO = Path(__file__).resolve().parent.parent
 TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"
 BANNER = "Replay of a recorded trace — not live data"
 
-pytestmark = browser_tests_mark()
-
 NOTEBOOK = notebook_json("monitor", "# the server loaded gpuctx into this kernel\n"
                                     "m = %gpu monitor --replay h200-trace.jsonl --history 30")
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
+def lab(browser, tmp_path_factory):  # the browser first: skipped without one, no lab started
     root = tmp_path_factory.mktemp("replay-lab")
     (root / "train.ipynb").write_text(NOTEBOOK)
     shutil.copy(TRACE, root / "h200-trace.jsonl")
@@ -52,7 +50,7 @@ def lab(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(lab, browser):
+def page(browser, lab):
     page = open_notebook(browser, lab, "train.ipynb")
     yield page
     page.close()
@@ -66,12 +64,13 @@ def test_panel_renders_the_replayed_h200_trace_under_a_replay_banner(lab, page, 
     cards.nth(1).wait_for(state="visible")
     assert cards.count() == 2
     banner = panel.locator(".jp-gpuctx-replay")
-    assert banner.is_visible() and BANNER in banner.inner_text() and str(TRACE) in banner.inner_text()
+    assert banner.is_visible() and BANNER in banner.inner_text() and TRACE.name in banner.inner_text()
+    assert banner.locator(".jp-gpuctx-replay-source").get_attribute("title") == str(TRACE)  # the full path
     assert "cuda:0 · NVIDIA H200" in cards.nth(0).inner_text() and "cuda:1 · NVIDIA H200" in cards.nth(1).inner_text()
     assert panel.locator(".jp-gpuctx-nogpu").inner_text() == ""
     # the recorded load alternates 12 s busy and 8 s idle: the history chart draws it
-    page.wait_for_function("() => Array.from(document.querySelectorAll('#gpuctx-panel .jp-gpuctx-sparkline-utilization'))"
-                           ".filter(p => (p.getAttribute('d') || '').includes('L')).length === 2", timeout=30_000)
+    page.wait_for_function("() => Array.from(document.querySelectorAll('#gpuctx-panel .jp-gpuctx-chart'))"
+                           ".filter(c => Number(c.dataset.gpuctxPoints) >= 2).length === 2", timeout=30_000)
     status_item = page.locator(".jp-gpuctx-status-button")
     page.wait_for_function("() => document.querySelector('.jp-gpuctx-status-button').textContent.endsWith('(replay)')")
     assert "replay" in status_item.get_attribute("aria-label").lower()
@@ -102,7 +101,9 @@ def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
     assert text.startswith("REPLAY of a trace recorded 2026-") and "not live data" in text
     assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in text and "GPU memory" in text
     assert re.search(r"util \d+%", text) and "/ 700 W" in text
-    page.wait_for_timeout(20_000)  # into the second busy phase: the plot shows busy, idle, busy
+    if refreshing_docs():  # for the README: wait until the plot shows busy, idle, busy (27 s of trace)
+        page.wait_for_function("() => { const p = document.querySelector('.jp-Notebook .jp-OutputArea-output svg polyline');"
+                               " return p && p.getAttribute('points').trim().split(/\\s+/).length >= 28; }", timeout=60_000)
     output.screenshot(path=str(screenshot("monitor.png")))
     assert browser.errors == []
 

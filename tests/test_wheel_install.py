@@ -2,8 +2,9 @@
 prebuilt extension and jupyter_server the enabled server extension: `jupyter labextension list`
 and `jupyter server extension list` both say gpuctx is enabled and OK.
 
-The wheel is built once from this checkout (the labextension already built by `make`, so the
-build hook only packages it). It is installed with --no-deps into a new venv whose only other
+The wheel is built from this checkout (the labextension already built by `make`, so the
+build hook only packages it) and kept under .cache/ per hash of the files it is made from
+(tests/harness/cache.py): an unchanged tree reuses it, any change builds it anew. It is installed with --no-deps into a new venv whose only other
 packages are this test environment's, reached through a .pth path entry (not a site dir, so
 the checkout's editable-install hook is not loaded): the wheel's own files are what is found.
 """
@@ -19,18 +20,28 @@ from pathlib import Path
 
 import pytest
 
+from .harness import cache
+
 REPO = Path(__file__).resolve().parent.parent
+# What goes into the wheel (the labextension's build output included).
+WHEEL_INPUTS = ["pyproject.toml", "gpuctx.py", "install.json", "README.md", "jupyter-config", "gpuctx_jupyter"]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
-    dist = tmp / "dist"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
-                           capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stdout + build.stderr
-    wheel, = dist.glob("gpuctx_jupyter-*.whl")
+    name = f"wheel-{cache.tree_hash(WHEEL_INPUTS)}"
+    cache.prune("wheel-", keep=name)
+    with cache.locked(name) as dist:
+        if not list(dist.glob("gpuctx_jupyter-*.whl")):
+            build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"),
+                                    str(REPO)], check=False, capture_output=True, text=True, timeout=600)
+            assert build.returncode == 0, build.stdout + build.stderr
+            for built in (tmp / "dist").glob("gpuctx_jupyter-*.whl"):
+                shutil.copy(built, dist)
+        wheel, = dist.glob("gpuctx_jupyter-*.whl")
+        wheel = shutil.copy(wheel, tmp)
 
     env_dir = tmp / "env"
     venv.EnvBuilder(with_pip=False).create(env_dir)
@@ -39,7 +50,7 @@ def installed(tmp_path_factory):
                                         text=True).strip())
     (site / "zz_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                              str(wheel)], capture_output=True, text=True, timeout=300)
+                              str(wheel)], check=False, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout + install.stderr
 
     home = tmp / "home"
@@ -57,7 +68,7 @@ def installed(tmp_path_factory):
 
 
 def run(py, env, *args) -> str:
-    done = subprocess.run([str(py), "-m", *args], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(py), "-m", *args], check=False, env=env, capture_output=True, text=True, timeout=120)
     out = ANSI.sub("", done.stdout + done.stderr)
     assert done.returncode == 0, out
     return out

@@ -442,7 +442,7 @@ def install(serverapp, mount_route: bool = True) -> Holders:
         mount(serverapp.web_app, api)
     shared.update(holders=holders, pressure=pressure, culler=culler)
     holders.start(api.read)
-    serverapp.log.info("gpuctx: holders file %s; release below %g%% free after %g s idle%s", holders.path,
+    serverapp.log.debug("gpuctx: holders file %s; release below %g%% free after %g s idle%s", holders.path,
                        values["release_below_free_fraction"] * 100, values["release_idle_seconds"],
                        f"; culling GPU holders idle {values['cull_idle_gpu_kernels_after']:g} s"
                        if values["cull_idle_gpu_kernels_after"] else "")

@@ -116,7 +116,8 @@ export function releaseNotice(result: IReleaseResult | null | undefined, label: 
     return { message: `${failure}: ${why}`, type: 'error', sticky: false };
   }
   if (result.no_gpu) {
-    return { message: `${label} uses no GPU: nothing to release.`, type: 'info', sticky: false };
+    const why = typeof result.no_gpu === 'string' ? ` (${result.no_gpu})` : '';
+    return { message: `${label} uses no GPU: nothing to release${why}.`, type: 'info', sticky: false };
   }
   const total = typeof result.released_total === 'number' ? result.released_total : null;
   if (total === null || total <= 0) {
@@ -212,7 +213,8 @@ export class GpuController {
       attempts: stream.attempts,
       stale: this._stale,
       lastUpdate: this._receivedAt,
-      outage: stream.state === 'waiting' || this._unreachable
+      // A hung server keeps its socket open but says nothing: data that went stale is an outage too.
+      outage: stream.state === 'waiting' || this._unreachable || this._stale
     };
   }
 

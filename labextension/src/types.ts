@@ -202,7 +202,8 @@ export interface IReleaseResult {
   after?: unknown;
   seconds?: number;
   /** The kernel uses no GPU: nothing to release. */
-  no_gpu?: boolean;
+  /** Why nothing could go back to a GPU (the kernel's words), when that is so. */
+  no_gpu?: string | null;
   output_cache?: unknown;
   round_trip_s?: number;
 }

@@ -330,11 +330,15 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     const received = Date.now();
     await vi.advanceTimersByTimeAsync(1999);
     expect(t.controller.health.stale).toBe(false);
+    expect(t.controller.health.outage).toBe(false);
     await vi.advanceTimersByTimeAsync(2);
     expect(t.controller.health.stale).toBe(true);
+    // the socket is still open (a hung server): stale data is reported as an outage all the same
+    expect(t.controller.health.outage).toBe(true);
     expect(t.controller.health.lastUpdate).toBe(received);
     t.sockets[0].send({ type: 'snapshot', ...twoGpus(103) });
     expect(t.controller.health.stale).toBe(false);
+    expect(t.controller.health.outage).toBe(false);
     expect(health.filter((v, i) => i === 0 || v !== health[i - 1])).toEqual([false, true, false]);
     t.controller.dispose();
   });
@@ -417,7 +421,7 @@ describe('"Release cache" and the cull warning', () => {
       released: { torch: 60 * GIB },
       released_total: 60 * GIB,
       gc_collected: 12,
-      no_gpu: false,
+      no_gpu: null,
       round_trip_s: 0.2
     };
     const t = noticed({ kernelAction: async (id, api) => (api === 'release' ? answer : { status: 'ok' }) });
@@ -468,9 +472,10 @@ describe('"Release cache" and the cull warning', () => {
   });
 
   it('words every answer of the release route', () => {
-    expect(releaseNotice({ status: 'ok', no_gpu: true, released_total: 0 }, 'a.ipynb').message).toBe(
-      'a.ipynb uses no GPU: nothing to release.'
-    );
+    expect(
+      releaseNotice({ status: 'ok', no_gpu: 'no GPU framework is imported in this kernel', released_total: 0 }, 'a.ipynb')
+        .message
+    ).toBe('a.ipynb uses no GPU: nothing to release (no GPU framework is imported in this kernel).');
     expect(releaseNotice({ status: 'ok', released: {}, released_total: 0 }, 'a.ipynb').message).toBe(
       'a.ipynb held no cached GPU memory: nothing to release.'
     );

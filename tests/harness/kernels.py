@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from dataclasses import dataclass, field
 
 from jupyter_client.manager import start_new_kernel
@@ -70,3 +71,31 @@ def drain(kc) -> None:
             kc.get_iopub_msg(timeout=0.2)
         except queue.Empty:
             return
+
+
+def reply_to(kc, msg_id: str, timeout: float = 30, channel: str = "shell") -> dict:
+    """The reply to request `msg_id` on `channel` ("shell" or "control"), skipping any other
+    reply still queued: on a loaded machine `wait_for_ready` may have sent kernel_info twice and
+    left the second reply behind, so the first message read is not always ours."""
+    get = kc.get_control_msg if channel == "control" else kc.get_shell_msg
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no {channel} reply to {msg_id} within {timeout:g} s") from None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+async def areply_to(client, msg_id: str, timeout: float = 30, channel: str = "shell") -> dict:
+    """`reply_to` for jupyter_client's asyncio clients (a server's kernel manager gives those)."""
+    get = client.get_control_msg if channel == "control" else client.get_shell_msg
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = await get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no {channel} reply to {msg_id} within {timeout:g} s") from None
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg

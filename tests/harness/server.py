@@ -2,6 +2,7 @@
 JupyterLab drives it. Used by the server tests and by benchmarks/first_cell.py."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import secrets
@@ -24,6 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class PortTaken(RuntimeError):
+    """Another process bound the port first."""
+
+
 class Server:
     def __init__(self, root: str, args=(), env: dict | None = None, app: str = "jupyter_server"):
         self.root, self.port, self.token = root, free_port(), secrets.token_hex(16)
@@ -35,21 +40,42 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> "Server":
+    def start(self, timeout: float = 60) -> Server:
+        """Start the server and wait until it answers. A port taken between `free_port()` and the
+        server's bind (parallel test workers) is retried on a fresh port."""
+        try:
+            for _attempt in range(3):
+                try:
+                    return self._start(timeout)
+                except PortTaken:
+                    self.port = free_port()
+                    self.log_path = os.path.join(self.root, f".server-{self.port}.log")
+            return self._start(timeout)
+        except BaseException:
+            self.stop()  # a server that did not come up is not left running
+            raise
+
+    def _start(self, timeout: float) -> Server:
         cmd = [sys.executable, "-m", self.app, f"--ServerApp.port={self.port}", "--ServerApp.ip=127.0.0.1",
                f"--IdentityProvider.token={self.token}", "--ServerApp.open_browser=False",
                f"--ServerApp.root_dir={self.root}", "--ServerApp.port_retries=0", "--allow-root", *self.args]
         env = dict(os.environ, **(self.env or {}))
-        self._log = open(self.log_path, "w")
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (open while the server runs)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited: {self.log()}")
+                self._log.close()
+                log = self.log()
+                if "already in use" in log:
+                    raise PortTaken(log)
+                raise RuntimeError(f"jupyter server exited: {log}")
             try:
                 self.api("GET", "/api/status")
                 return self
-            except (urllib.error.URLError, ConnectionError):
+            except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
+                # not listening yet, or another process (a kernel's ZMQ socket) holds the port:
+                # then the server exits saying so, and start() retries on another port
                 time.sleep(0.2)
         raise TimeoutError(f"jupyter server did not start: {self.log()}")
 
@@ -96,7 +122,7 @@ class Server:
         assert status == 201, (status, model)
         return model["kernel"]["id"]
 
-    def channels(self, kernel_id: str) -> "KernelSocket":
+    def channels(self, kernel_id: str) -> KernelSocket:
         return KernelSocket(self, kernel_id)
 
     def stop(self) -> None:
@@ -150,10 +176,20 @@ class KernelSocket:
                                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
         run, idle = None, False
         out = Run(reply={})
-        self.ws.settimeout(timeout)
+        deadline = time.monotonic() + timeout  # for the whole cell: other kernels' messages keep coming
+        others = 0
         while run is None or not idle:
-            msg = json.loads(self.ws.recv())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {'reply' if run is None else 'idle'} to {code[:60]!r} within {timeout:g} s "
+                                   f"({others} messages for other requests meanwhile)")
+            self.ws.settimeout(left)
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                others += 1
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "execute_reply":
