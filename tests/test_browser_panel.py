@@ -20,11 +20,6 @@ from pathlib import Path
 
 import pytest
 
-try:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-except ImportError:  # no Playwright: the browser fixture skips every test here, with the reason
-    PlaywrightTimeout = TimeoutError
-
 from .harness.browser import (
     LAB_ARGS,
     kernel_idle,
@@ -388,10 +383,6 @@ def restart_from_the_panel(page) -> None:
     wait_js(page, "() => window.gpuctxSeen.some(s => s === 'starting' || s === 'restarting')")
 
 
-@pytest.mark.xfail(strict=True, raises=PlaywrightTimeout, reason=(
-    "product bug: the panel restarts the kernel through the server (POST /gpuctx/api/kernels/<id>/restart) and "
-    "never tells the page's kernel connection (as JupyterLab's own restart does), so the notebook reads "
-    "'starting' until a cell is run, and a cell run while the restart is under way never finishes"))
 def test_after_a_restart_from_the_panel_the_notebook_is_ready_without_running_a_cell(page, browser):
     restart_from_the_panel(page)
     kernel_idle(page, timeout=10_000)  # the new kernel is up within ~1 s (the server's log)

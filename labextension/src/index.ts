@@ -15,6 +15,7 @@ import {
   showErrorMessage
 } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
+import { Kernel } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
@@ -31,6 +32,18 @@ import { GpuStream, ISocket } from './stream';
 const PLUGIN_ID = 'gpuctx-jupyterlab:plugin';
 const PANEL_ID = 'gpuctx-panel';
 const OPEN_COMMAND = 'gpuctx:open-panel';
+
+/** This page's connection to a kernel, if one of its notebooks is connected to it. */
+function openKernel(tracker: INotebookTracker | null, kernelId: string): Kernel.IKernelConnection | null {
+  let found: Kernel.IKernelConnection | null = null;
+  tracker?.forEach(panel => {
+    const kernel = panel.sessionContext.session?.kernel;
+    if (!found && kernel && kernel.id === kernelId) {
+      found = kernel;
+    }
+  });
+  return found;
+}
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
@@ -58,7 +71,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
       history: new DeviceHistory(DEFAULT_SETTINGS.historyLength, DEFAULT_SETTINGS.refreshRate),
       notebooks: tracker ? new ActiveNotebook(app.shell, tracker) : null,
       fetchKernelView: kernelId => fetchKernelView(server, kernelId),
-      kernelAction: (kernelId, api) => kernelAction(server, kernelId, api),
+      kernelAction: (kernelId, api) => {
+        // A kernel this page is connected to is acted on through its own connection, as
+        // JupyterLab's toolbar does: the notebook then follows a restart (status, websocket) at
+        // once instead of reading "starting" until a cell runs. Others go through the GPU API.
+        const kernel = openKernel(tracker, kernelId);
+        if (kernel && (api === 'restart' || api === 'interrupt' || api === 'shutdown')) {
+          return kernel[api]().then(() => ({ status: 'ok', kernel_id: kernelId, action: api }));
+        }
+        return kernelAction(server, kernelId, api);
+      },
       confirm: async (wording, spec) => {
         const result = await showDialog({
           title: wording.title,
