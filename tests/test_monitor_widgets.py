@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from ipywidgets.widgets.widget import _instances  # ipywidgets 8's registry of open widgets
+from ipywidgets.widgets.widget import (
+    _instances,  # ipywidgets 8's registry of open widgets
+)
 
 from gpuctx_jupyter.core.sampler import Sampler, process_sampler
 from gpuctx_jupyter.core.trace import Replay

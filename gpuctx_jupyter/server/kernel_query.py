@@ -13,19 +13,28 @@ from ..contract import REPLY, REQUEST
 from . import kernel_client
 
 
-async def ask(kernel, timeout: float) -> dict:
-    """`{"status": "ok", "pid": …, …}` as the kernel answers, or why there is no answer."""
+async def control(kernel, request: str, reply_type: str, timeout: float, dead: str) -> dict:
+    """Send `request` on the kernel's control channel; the reply's content when it is `reply_type`
+    with status ok, else why there is none, as an answer (`dead`: what a dead kernel means here)."""
     if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
-        return {"status": "dead", "reason": "the kernel's process is not running: restart the kernel"}
+        return {"status": "dead", "reason": f"the kernel's process is not running: {dead}"}
     try:
-        reply = await kernel_client.request(kernel, "control", REQUEST, {}, timeout)
+        reply = await kernel_client.request(kernel, "control", request, {}, timeout)
     except kernel_client.NoReply:
         return {"status": "no-answer",
                 "reason": f"the kernel did not answer within {timeout:g} s: it may be busy in a C call, "
                           "or gpuctx is not loaded in it (%load_ext gpuctx)"}
     except Exception as exc:  # the kernel's connection is broken: say so, as an answer
         return {"status": "error", "reason": f"could not reach the kernel: {type(exc).__name__}: {exc}"}
-    content = reply.get("content", {})
-    if reply.get("msg_type") != REPLY or content.get("status") != "ok":
-        return {"status": "error", "reason": content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"}
+    content = dict(reply.get("content", {}))
+    if reply.get("msg_type") != reply_type or content.get("status") != "ok":
+        why = content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"
+        if reply.get("msg_type") != reply_type:
+            why += " (is this kernel's gpuctx older than the server's? restart it)"
+        return {"status": "error", "reason": why}
     return content
+
+
+async def ask(kernel, timeout: float) -> dict:
+    """`{"status": "ok", "pid": …, …}` as the kernel answers, or why there is no answer."""
+    return await control(kernel, REQUEST, REPLY, timeout, "restart the kernel")

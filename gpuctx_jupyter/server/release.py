@@ -20,37 +20,22 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..contract import RELEASE_REPLY, RELEASE_REQUEST, Holder
 from ..core.inventory import Inventory
-from . import kernel_client
+from . import kernel_query
 
 
 async def release(kernel, timeout: float) -> dict:
     """The kernel's release reply (`{"status": "ok", "released_total": …, …}`), or why there is
     none, as an answer (never an exception)."""
-    if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
-        return {"status": "dead", "reason": "the kernel's process is not running: nothing to release"}
     t0 = time.perf_counter()
-    try:
-        reply = await kernel_client.request(kernel, "control", RELEASE_REQUEST, {}, timeout)
-    except kernel_client.NoReply:
-        return {"status": "no-answer",
-                "reason": f"the kernel did not answer within {timeout:g} s: it may be busy in a C call, "
-                          "or gpuctx is not loaded in it (%load_ext gpuctx)"}
-    except Exception as exc:
-        return {"status": "error", "reason": f"could not reach the kernel: {type(exc).__name__}: {exc}"}
-    content = dict(reply.get("content", {}))
-    if reply.get("msg_type") != RELEASE_REPLY or content.get("status") != "ok":
-        why = content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"
-        if reply.get("msg_type") != RELEASE_REPLY:
-            why += " (is this kernel's gpuctx older than the server's? restart it)"
-        return {"status": "error", "reason": why}
-    content["round_trip_s"] = round(time.perf_counter() - t0, 4)
+    content = await kernel_query.control(kernel, RELEASE_REQUEST, RELEASE_REPLY, timeout, "nothing to release")
+    if content.get("status") == "ok":
+        content["round_trip_s"] = round(time.perf_counter() - t0, 4)
     return content
 
 
