@@ -73,19 +73,7 @@ class Run:
 
     def kernels(self) -> dict[int, str]:
         """Kernel processes under the server: PID -> connection file."""
-        out = {}
-        try:
-            children = psutil.Process(self.srv.proc.pid).children(recursive=True)
-        except psutil.Error:
-            return out
-        for child in children:
-            try:
-                argv = child.cmdline()
-                if child.status() != psutil.STATUS_ZOMBIE and "-f" in argv:
-                    out[child.pid] = argv[argv.index("-f") + 1]
-            except (psutil.Error, IndexError):
-                pass
-        return out
+        return self.srv.kernel_processes()
 
     def files(self) -> list[str]:
         return glob.glob(os.path.join(self.runtime, "kernel-*.json"))

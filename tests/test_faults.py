@@ -97,20 +97,7 @@ def faulty(server_factory, tmp_path):
 
 
 def kernel_processes(srv) -> dict[int, str]:
-    """The server's kernel processes (any descendant started with `-f <connection file>`)."""
-    out = {}
-    try:
-        children = psutil.Process(srv.proc.pid).children(recursive=True)
-    except psutil.Error:
-        return out
-    for child in children:
-        try:
-            argv = child.cmdline()
-            if child.status() != psutil.STATUS_ZOMBIE and "-f" in argv:
-                out[child.pid] = argv[argv.index("-f") + 1]
-        except (psutil.Error, IndexError):
-            pass
-    return out
+    return srv.kernel_processes()
 
 
 def connection_files(srv) -> set[str]:

@@ -86,6 +86,25 @@ class Server:
         except OSError:
             return ""
 
+    def kernel_processes(self) -> dict[int, str]:
+        """The server's kernel processes (any descendant started with `-f <connection file>`,
+        standbys included): PID -> connection file."""
+        import psutil
+
+        out = {}
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            return out
+        for child in children:
+            try:
+                argv = child.cmdline()
+                if child.status() != psutil.STATUS_ZOMBIE and "-f" in argv:
+                    out[child.pid] = argv[argv.index("-f") + 1]
+            except (psutil.Error, IndexError):
+                pass
+        return out
+
     def api(self, method: str, path: str, body=None, token: str | None = "default", timeout: float = 60):
         """One REST call; returns (status, parsed JSON or None)."""
         req = urllib.request.Request(self.url + path, method=method,
