@@ -1,7 +1,12 @@
 """Real notebooks played as a user plays them, cold against warmed by their own plan, through a real jupyter_server.
 
     python benchmarks/notebooks.py [--notebooks mlp_adamw,cnn_sgd] [--cases cold,idle,runall,restart,cpu]
-                                   [--repeat 1] [--idle 10] [--json benchmarks/results/notebooks.json]
+                                   [--repeat 1] [--until SECONDS] [--idle 10] [--json benchmarks/results/notebooks.json]
+    python benchmarks/notebooks.py --merge a.json b.json [--json merged.json]   # runs of several, one table
+
+`--until` starts no further notebook once that many seconds have passed (a GPU machine's command
+limit); `--merge` pools the runs of earlier results (other machines of the same kind, or GPUs of
+one machine run side by side with CUDA_VISIBLE_DEVICES) and prints medians over all of them.
 
 Two servers: warming off (`--GpuctxServer.warm_policy=never`) and the defaults (policy auto, the
 `notebook` recipe). Each notebook of benchmarks/notebooks/ is opened through a session, as
@@ -11,7 +16,10 @@ over the kernel websocket. Cases:
   cold      warming off; the cells one after another, as soon as the kernel is ready
   idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one
   runall    defaults; every cell sent at once as soon as the kernel is ready (Run All)
-  restart   defaults; the kernel is restarted (it re-reads the notebook), then Run All at once
+  restart   off and on: the notebook is run (Run All), then — once the server's automatic warm
+            reserve holds a GPU-ready standby for it, as it does a few seconds after a GPU
+            notebook starts (the wait is reported) — restarted, then Run All at once; "restart →
+            first GPU cell" runs from the restart request to the first GPU cell's result
   cpu       off and on: a CPU-bound pure-Python cell sent the moment the kernel is ready, while
             the warm-up imports (does the warm-up slow a first cell that does not need it?)
 
@@ -29,6 +37,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -44,12 +53,14 @@ from tests.harness.server import KernelSocket, Server  # noqa: E402
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 CASES = ("cold", "idle", "runall", "restart", "cpu")
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
+GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 # Run inside the kernel at the end: its warm-up record, its plan and the GPU memory NVML gives it.
 REPORT = ("import json as _j\nfrom gpuctx_jupyter.core import inventory as _inv\n"
           "_m = getattr(get_ipython(), '_gpuctx_magics', None)\n"
           "print(_j.dumps({'memory': _inv.process_memory(_inv.take()), "
           "'warmup': _m.warmer.status.as_dict() if _m else None, "
-          "'plan': _m.warmer.plan_lines() if _m else []}))")
+          "'plan': _m.warmer.plan_lines() if _m else [], "
+          "'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))")
 
 
 def code_cells(path: str) -> tuple[list[str], dict]:
@@ -127,6 +138,28 @@ class Session:
         self.ks.close()
         self.srv.api("DELETE", f"/api/sessions/{self.id}")
         time.sleep(1.0)  # the kernel process and its context are gone before the next one
+        deadline = time.monotonic() + 30  # and the reserve kept for it, so each play starts alike
+        while time.monotonic() < deadline and (self.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get(
+                "standbys"):
+            time.sleep(0.2)
+
+
+def reserve_ready(srv: Server, path: str, timeout: float = 180) -> float | None:
+    """Seconds until the server's warm reserve holds a ready standby warmed for `path` (None:
+    the server keeps no reserve, or none came within `timeout`)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        pool = srv.api("GET", "/gpuctx/api/devices")[1].get("pool")
+        if not pool or not pool.get("target"):
+            return None
+        if any(st.get("ready") and (st.get("notebook") or "").endswith(path) for st in pool.get("standbys", [])):
+            return time.perf_counter() - t0
+        time.sleep(0.2)
+    return None
+
+
+def first_gpu_cell(cells: list[str]) -> int:
+    return next((i for i, c in enumerate(cells) if GPU_CELL.search(c)), 0)
 
 
 def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> dict:
@@ -140,14 +173,19 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> di
         if case == "idle":
             time.sleep(idle)
         if case == "restart":
+            s.run_all(cells)  # the user's work before the restart
+            out["reserve_wait"] = reserve_ready(srv, path)
             out["restart"] = s.restart()
         first = s.run_all(cells) if case in ("runall", "restart") else [s.run(c) for c in cells]
+        if case == "restart":
+            out["restart_to_gpu_cell"] = out["restart"] + sum(r["seconds"] for r in first[:first_gpu_cell(cells) + 1])
         steady = [s.run(c) for c in cells]
         out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
                    errors=[r["error"] for r in first + steady if r["error"]])
         rep = s.report()
         out["memory"] = sum((rep.get("memory") or {}).values())
-        out["warmup"], out["plan"] = rep.get("warmup"), rep.get("plan")
+        out["memory_by_gpu"] = rep.get("memory")  # CUDA ordinal -> bytes NVML lists for the kernel
+        out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
         return out
     finally:
         s.close()
@@ -171,6 +209,9 @@ def summarize(runs: list[dict]) -> dict:
             "cpu_cell": median([r.get("cpu_cell") for r in runs]),
             "cpu_cell_steady": median([r.get("cpu_cell_steady") for r in runs]),
             "restart": median([r.get("restart") for r in runs]),
+            "restart_to_gpu_cell": median([r.get("restart_to_gpu_cell") for r in runs]),
+            "reserve_wait": median([r.get("reserve_wait") for r in runs]),
+            "pooled": sum(1 for r in runs if r.get("pooled")),
             "errors": sorted({e for r in runs for e in r.get("errors", [])})}
 
 
@@ -185,8 +226,12 @@ def main() -> None:
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--idle", type=float, default=10.0, help="seconds the user waits in the idle case")
+    ap.add_argument("--until", type=float, default=0.0, help="start no notebook after this many seconds (0: no limit)")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="print and write the medians over these results' runs")
     ap.add_argument("--json", default="benchmarks/results/notebooks.json")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, args.json)
     wanted = [n.strip() for n in args.notebooks.split(",") if n.strip()]
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [n for n in wanted if n not in names] + [c for c in cases if c not in CASES]
@@ -207,25 +252,55 @@ def main() -> None:
     common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
     off = Server(root, [*common, "--GpuctxServer.warm_policy=never"]).start()
     on = Server(root, common).start()  # the defaults: policy auto, the notebook recipe
-    plan = [(case, srv) for case in cases for srv in ((off, on) if case == "cpu" else (off if case == "cold" else on,))]
+    both = ("cpu", "restart")  # baseline and ours side by side
+    plan = [(case, srv) for case in cases for srv in ((off, on) if case in both else (off if case == "cold" else on,))]
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
+    t0 = time.monotonic()
     try:
         for rep in range(args.repeat):  # interleaved, so drift hits every case alike
             for name, cells in todo.items():
+                if args.until and time.monotonic() - t0 > args.until:
+                    print(f"--until {args.until:g} s reached: stopping before {name}, repeat {rep + 1}", file=sys.stderr)
+                    break
                 for case, srv in plan:
-                    key = case if case != "cpu" else f"cpu, warming {'off' if srv is off else 'on'}"
+                    key = case if case not in both else f"{case}, warming {'off' if srv is off else 'on'}"
                     runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
     finally:
         off.stop()
         on.stop()
 
-    table = {n: {case: summarize(rs) for case, rs in cs.items()} for n, cs in runs.items()}
     env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
            "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    print(f"\nnotebooks — {env['gpu']} ×{gpus}, torch {env['torch']}, {os.cpu_count()} CPUs, "
-          f"{args.repeat} repeat(s), idle {args.idle:g} s; medians in ms, per cell first/steady")
+    report(runs, skipped, env, args.json)
+
+
+def merge(paths: list[str], out: str) -> None:
+    runs: dict[str, dict[str, list]] = {}
+    skipped: dict[str, str] = {}
+    envs = []
+    for path in paths:
+        with open(path) as fh:
+            data = json.load(fh)
+        envs.append(data["env"])
+        skipped.update(data.get("skipped") or {})
+        for name, cases in data["runs"].items():
+            for case, rs in cases.items():
+                runs.setdefault(name, {}).setdefault(case, []).extend(rs)
+    env = dict(envs[0], merged=[dict(e, file=p) for e, p in zip(envs, paths)])
+    report(runs, {k: v for k, v in skipped.items() if k not in runs}, env, out)
+
+
+def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
+    """Print the table of medians and write everything as JSON."""
+    table = {n: {case: dict(summarize(rs), runs=len(rs)) for case, rs in cs.items()} for n, cs in runs.items()}
+    counts = sorted({s["runs"] for cs in table.values() for s in cs.values()})
+    runs_text = "–".join(str(c) for c in (counts[0], counts[-1]) if counts) if len(set(counts)) > 1 else str(
+        counts[0] if counts else 0)
+    print(f"\nnotebooks — {env['gpu']} ×{env['gpus']}, torch {env['torch']}, {env['cpus']} CPUs, "
+          f"{runs_text} run(s) per case, idle {env['idle_s']:g} s; medians in ms, per cell first/steady")
     print(f"{'notebook':<18}{'case':<20}{'ready':>7}  {'cells first/steady':<44}{'first Σ':>9}{'GPU MiB':>9}")
     for name, cs in table.items():
         for case, s in cs.items():
@@ -236,6 +311,10 @@ def main() -> None:
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
             mem = "–" if not s["memory"] else f"{s['memory'] / 2**20:.0f}"
             print(f"{name:<18}{case:<20}{ms(s['ready']):>7}  {cells:<44}{ms(s['first_total']):>9}{mem:>9}")
+            if case.startswith("restart"):
+                wait = "no reserve" if s["reserve_wait"] is None else f"reserve ready after {s['reserve_wait']:.1f} s"
+                print(f"{'':<38}restart → first GPU cell {ms(s['restart_to_gpu_cell'])} ms "
+                      f"(restart {ms(s['restart'])} ms; {wait}; {s['pooled']} of {s['runs']} from the reserve)")
             for err in s["errors"]:
                 print(f"{'':<38}error: {err}")
     for name, why in skipped.items():
@@ -246,10 +325,10 @@ def main() -> None:
             print(f"\n{name}: " + "\n  ".join(last["plan"]))
             print(f"  warm-up: {(last.get('warmup') or {}).get('state')} — phases (s): " + ", ".join(
                 f"{k} {v:.2f}" for k, v in ((last.get("warmup") or {}).get("phases") or {}).items()))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as fh:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
         json.dump({"env": env, "table": table, "runs": runs, "skipped": skipped}, fh, indent=2)
-    print(f"\nwrote {args.json}")
+    print(f"\nwrote {path}")
 
 
 def _version(module: str) -> str:

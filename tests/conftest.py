@@ -18,6 +18,11 @@ from .harness.gpus import NO_GPU
 from .harness.server import Server, free_port
 from .harness.waiting import wait_for
 
+# The automatic warm reserve (a standby kernel per kernelspec a GPU notebook uses) is the servers'
+# default; every server the suite starts inherits this and keeps none, so that a test sees only
+# the kernels it starts. Tests about the pool say so (--GpuctxServer.pool_size, or this variable).
+os.environ.setdefault("GPUCTX_SERVER_POOL", "0")
+
 
 def pytest_collection_modifyitems(config, items):
     slowest_files_first(config, items)

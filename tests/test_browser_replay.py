@@ -88,6 +88,20 @@ def test_the_notebook_section_says_its_kernel_came_from_the_warm_pool(page, brow
     assert browser.errors == []
 
 
+def test_the_panel_shows_the_warm_reserve_and_what_it_holds(page, browser):
+    """The notebook's kernel came from the pool, which then started the next standby: the panel
+    says the reserve is ready and names the standby (kernelspec, GPU, state)."""
+    panel = open_panel(page)
+    page.wait_for_function("() => { const r = document.querySelector('#gpuctx-panel .jp-gpuctx-reserve');"
+                           " return r && !r.hidden && r.textContent.includes('Warm reserve: 1 kernel ready'); }",
+                           timeout=90_000)
+    reserve = panel.locator(".jp-gpuctx-reserve")
+    assert reserve.get_attribute("aria-labelledby")
+    lines = reserve.locator(".jp-gpuctx-reserve-line").all_inner_texts()
+    assert lines == ["python3 · GPU 0 · ready"], lines
+    assert browser.errors == []
+
+
 def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
     page.locator(".jp-Notebook .jp-Cell").first.click()
     page.keyboard.press("Shift+Enter")

@@ -31,6 +31,21 @@ def test_every_phase_completes_and_the_first_gpu_cell_finds_cuda_ready(tmp_path)
         stop(km, kc)
 
 
+def test_the_warm_up_never_returns_memory_the_users_first_cell_cached(tmp_path):
+    """The warm-up leaves the allocator as a cold kernel would — but a cell of the user's that ran
+    meanwhile keeps its cached blocks (the warm-up once emptied a 60 GiB cache this way)."""
+    km, kc = start(env=kernel_config_env(tmp_path))
+    try:
+        r = run(kc, "import torch\nx = torch.empty(2**30, dtype=torch.uint8, device='cuda'); del x")
+        assert r.reply["status"] == "ok", r.stderr
+        st = json.loads(run(kc, STATUS.format(wait=120)).stdout.strip().splitlines()[-1])
+        assert st["state"] in ("done", "skipped"), st
+        r = run(kc, "print(torch.cuda.memory_reserved())")
+        assert int(r.stdout) >= 2**30  # still cached: no empty_cache behind the user's back
+    finally:
+        stop(km, kc)
+
+
 @pytest.mark.parametrize("mode", ["round-robin", "least-used"])
 def test_assigned_device_is_current_and_warmed(tmp_path, mode):
     import torch

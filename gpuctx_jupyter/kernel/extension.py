@@ -55,7 +55,7 @@ def load(ip) -> GpuMagics:
     ip.events.register("post_run_cell", magics.post_run_cell)
     magics.import_hook.install()
     magics.switcher.threads.install()
-    kernel_view.register(ip, magics)
+    kernel_view.register(ip, magics, on_adopt=lambda previous: warm_after_adoption(magics, previous))
     setattr(ip, _ATTR, magics)
     at_start = _at_kernel_start(ip)
     if at_start:
@@ -161,6 +161,20 @@ def start_from_config(magics: GpuMagics, cfg: GpuWarmup, defer: bool = False) ->
         warmer.schedule(make_plan, source=source, within=cfg.start_within, on_start=unhook)
     else:
         warmer.start_plan(make_plan, source=source)
+
+
+def warm_after_adoption(magics: GpuMagics, previous: str | None) -> bool:
+    """The warm pool handed this standby to a notebook other than the one it was warmed for: warm
+    what that notebook runs, in the background, once the standby's own warm-up is over (imports
+    done already are instant; what the plan adds, e.g. training, runs now). True when started."""
+    path = os.environ.get(SESSION)
+    cfg = GpuWarmup(parent=magics.shell)
+    if not path or path == previous or opted_out() or cfg.policy == "never" or cfg.recipe != "notebook":
+        return False
+    if cfg.policy == "auto" and not notebook_wants_gpu(path)[0]:
+        return False
+    magics.warmer.start_after(_planner(cfg, path), source="the warm pool, for this notebook")
+    return True
 
 
 def unload(ip) -> None:

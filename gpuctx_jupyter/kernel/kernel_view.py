@@ -52,18 +52,23 @@ def report(magics) -> dict:
     }
 
 
-def adopt(ip, content: dict) -> dict:
-    """Become the kernel of the notebook the warm pool hands this standby to."""
+def adopt(ip, content: dict, then=None) -> dict:
+    """Become the kernel of the notebook the warm pool hands this standby to; `then(previous)`
+    (the notebook the standby was warmed for, or None) carries on with the new notebook's plan."""
+    previous = os.environ.get(SESSION)
     os.chdir(content["cwd"])
     os.environ.update({str(k): str(v) for k, v in (content.get("env") or {}).items()})
     os.environ[POOLED] = str(content.get("pooled", ""))
     if SESSION in os.environ:
         ip.user_ns["__session__"] = os.environ[SESSION]
+    if then is not None:
+        then(previous)
     return {"status": "ok", "cwd": os.getcwd()}
 
 
-def register(ip, magics) -> None:
-    """Answer `gpuctx_request` on the control channel of the ipykernel running `ip`, if any."""
+def register(ip, magics, on_adopt=None) -> None:
+    """Answer gpuctx's control-channel requests in the ipykernel running `ip`, if any;
+    `on_adopt(previous)` runs once the warm pool has handed this kernel to a notebook."""
     kernel = getattr(ip, "kernel", None)
     handlers = getattr(kernel, "control_handlers", None)
     if handlers is None:
@@ -85,7 +90,7 @@ def register(ip, magics) -> None:
 
     def adopted(stream, ident, parent):
         try:
-            content = adopt(ip, parent.get("content") or {})
+            content = adopt(ip, parent.get("content") or {}, on_adopt)
         except Exception as exc:  # the pool then stops this standby and starts a fresh kernel
             content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
         kernel.session.send(stream, ADOPT_REPLY, content, parent, ident)

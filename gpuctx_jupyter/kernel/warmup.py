@@ -208,6 +208,7 @@ class Warmer:
         self._lock = threading.Lock()
         self._cond = threading.Condition()
         self._cells = 0  # cells executing now
+        self._cells_started = 0  # cells started in all
         self._last_cell_end: float | None = None
         self._waiters = 0  # threads in wait(): the warm-up does not pause for them
         self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
@@ -243,6 +244,20 @@ class Warmer:
                                             daemon=True)
             self._thread.start()
             return True
+
+    def start_after(self, make_plan, source: str = "") -> None:
+        """Start `make_plan`'s plan once the warm-up running or scheduled now has ended (a standby
+        handed to another notebook: its own plan first, then that notebook's)."""
+        def later():
+            while self.running:
+                thread = self._thread
+                if thread is not None and thread.is_alive():
+                    thread.join(1.0)
+                else:
+                    time.sleep(0.05)
+            self.start_plan(make_plan, source=source)
+
+        threading.Thread(target=later, name="gpuctx-warmup-next", daemon=True).start()
 
     def schedule(self, make_plan, device: int | None = None, source: str = "", within: float = 1.0,
                  on_start=None) -> None:
@@ -311,6 +326,7 @@ class Warmer:
         source = source or ""
         with self._cond:
             self._cells += 1
+            self._cells_started += 1
             if not self.running:
                 return
             if self._cell_started is None and self.status.first_cell_overlap is None:
@@ -601,6 +617,7 @@ class Warmer:
         dev = torch.device("cuda", ordinal)
         ops = {s.op for s in steps}
         t = {}
+        cells_before = self._cells_started
 
         def cuda_init():
             if not torch.cuda.is_initialized():
@@ -706,9 +723,9 @@ class Warmer:
                     step.state, step.detail = "skipped", f"unknown op {step.op!r}"
             if torch.cuda.is_initialized() and not self._user_gpu:
                 self._phase(Step("gpu", "sync"), lambda: torch.cuda.synchronize(dev))
-        finally:  # also when cut short: leave the allocator as a cold kernel would have it
-            t.clear()
-            if torch.cuda.is_initialized():
+        finally:  # also when cut short: leave the allocator as a cold kernel would have it —
+            t.clear()  # but never return blocks a cell of the user's has cached meanwhile
+            if torch.cuda.is_initialized() and not self._user_gpu and self._cells_started == cells_before:
                 torch.cuda.empty_cache()
 
     def _cupy_steps(self, plan: Plan, steps: list[Step], ordinal: int) -> None:

@@ -118,11 +118,32 @@ class GpuctxServer(Configurable):
     ).tag(config=True)
 
     pool_size = Int(
-        0,
-        help="""Standby kernels to keep per pool kernelspec, started and warmed ahead of time
-        (0, the default: no pool). A new notebook or a restart then gets a GPU-ready kernel at
-        once. Standbys are hidden from /api/kernels and the culler; each warmed one holds ~630
-        MiB of GPU memory (see pool_gpu_budget_mib).""",
+        None, allow_none=True,
+        help="""Standby kernels: started and warmed ahead of time, so that a restart (or a new GPU
+        notebook) gets a GPU-ready kernel at once. Unset (default): the automatic warm reserve —
+        one standby for each kernelspec that a running GPU notebook uses, none otherwise, warmed
+        with the plan of the notebook used last, on its device. N: N standbys per kernelspec in
+        pool_kernelspecs, always. 0: no pool. Standbys are hidden from /api/kernels and the
+        culler; each warmed one holds ~630 MiB of GPU memory (see pool_gpu_budget_mib and
+        pool_min_free_fraction). Environment default: GPUCTX_SERVER_POOL (auto, or a number).""",
+    ).tag(config=True)
+
+    @default("pool_size")
+    def _pool_size_default(self):
+        value = os.environ.get("GPUCTX_SERVER_POOL", "auto").strip().lower()
+        return int(value) if value.isdigit() else None
+
+    pool_min_free_fraction = Float(
+        0.10,
+        help="""Keep at least this fraction of each GPU free of standbys: no standby starts where it
+        would leave less, and standbys on a GPU whose free memory falls below it are stopped at
+        once (refilling there waits 5 min). 0: no floor.""",
+    ).tag(config=True)
+
+    pool_reserve_after = Float(
+        10.0,
+        help="""Seconds a GPU notebook's kernel runs before the automatic reserve starts a standby
+        for it, so that the standby never competes with the notebook's own start and warm-up.""",
     ).tag(config=True)
 
     pool_kernelspecs = List(
@@ -231,7 +252,7 @@ class GpuctxServer(Configurable):
     ).tag(config=True)
 
     @validate("idle_holder_seconds", "release_idle_seconds", "release_idle_after", "cull_idle_gpu_kernels_after",
-              "cull_warning_seconds", "release_timeout")
+              "cull_warning_seconds", "release_timeout", "pool_reserve_after")
     def _seconds(self, proposal):
         value = proposal.value
         if not math.isfinite(value) or value < 0 or (proposal.trait.name == "release_timeout" and value == 0):
@@ -239,9 +260,16 @@ class GpuctxServer(Configurable):
                              "number of seconds")
         return value
 
-    @validate("release_below_free_fraction")
+    @validate("release_below_free_fraction", "pool_min_free_fraction")
     def _fraction(self, proposal):
         if not 0 <= proposal.value < 1:
-            raise TraitError(f"c.GpuctxServer.release_below_free_fraction = {proposal.value!r}: give a fraction "
+            raise TraitError(f"c.GpuctxServer.{proposal.trait.name} = {proposal.value!r}: give a fraction "
                              "of the GPU's memory, 0 ≤ f < 1")
+        return proposal.value
+
+    @validate("pool_size")
+    def _pool_size(self, proposal):
+        if proposal.value is not None and proposal.value < 0:
+            raise TraitError(f"c.GpuctxServer.pool_size = {proposal.value!r}: give 0 (no pool), a number of "
+                             "standbys, or leave it unset for the automatic warm reserve")
         return proposal.value

@@ -45,7 +45,7 @@ def load(serverapp) -> None:
     hook = KernelHook(serverapp, cfg, serverapp.log, background)
     hook.install()
     pool = None
-    if cfg.pool_size > 0 and not hook.gateway:
+    if (cfg.pool_size is None or cfg.pool_size > 0) and not hook.gateway:
         gone = jupyter_internals.missing()
         if gone:
             serverapp.log.error("gpuctx: the warm kernel pool is off: this jupyter_server lacks %s (checked "
@@ -64,6 +64,7 @@ def load(serverapp) -> None:
     serverapp.log.info(
         "gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
         ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,
-        f", warm pool of {cfg.pool_size} per kernelspec" if pool else "",
+        ("" if not pool else ", the automatic warm reserve" if pool.auto
+         else f", warm pool of {cfg.pool_size} per kernelspec"),
         " — kernels behind a gateway are warmed by a first request" if hook.gateway else "",
     )

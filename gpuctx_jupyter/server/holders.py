@@ -96,6 +96,7 @@ class Holders:
         self.ooms: dict[str, dict] = {}  # kernel id -> its last out-of-memory error, as it reported it
         self.consumers: list[Consumer] = []
         self.latest: tuple[list[Holder], dict[str, dict[int, int]]] = ([], {})
+        self.inventory: Inventory | None = None  # the GPUs as the last round read them
         self._written: tuple[str, float] | None = None  # (content without times, when)
         self._running = False
         base = getattr(serverapp, "base_url", "/") or "/"
@@ -195,6 +196,7 @@ class Holders:
 
     # -- one round: collect, write, ask, run the consumers -------------------------------------------
     async def tick(self, inv: Inventory) -> tuple[list[Holder], dict[str, dict[int, int]]]:
+        self.inventory = inv  # the pool's memory floor reads it
         if not any(d.record.processes for d in inv.devices):
             self.latest = ([], {})
             return self.latest
@@ -421,6 +423,8 @@ def install(serverapp, mount_route: bool = True) -> Holders:
     culler = GpuCuller(values["cull_idle_gpu_kernels_after"], mkm.shutdown_kernel, log=serverapp.log,
                        warning_s=values["cull_warning_seconds"])
     holders.consumers += [pressure, culler]
+    if pool is not None:
+        pool.holders = holders  # the reserve's memory floor, and what each standby holds
     plain = api.snapshot
 
     def snapshot_with_holders(sample):

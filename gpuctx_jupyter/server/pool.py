@@ -1,6 +1,14 @@
 """A pool of standby kernels, started and warmed ahead of time, so that a new or restarted
 notebook gets a GPU-ready kernel at once.
 
+Two modes. The automatic reserve (the default, `pool_size` unset) keeps one warmed standby for
+each kernelspec that a running GPU notebook uses, and none while no such notebook runs: warmed
+with the plan of the notebook it is most likely to replace (the one used last) on that notebook's
+device, started once that notebook's kernel has run `pool_reserve_after` s (so it never competes
+with the notebook's own start), never holding a GPU below `pool_min_free_fraction` free or host
+memory below HOST_FLOOR, and within `pool_gpu_budget_mib`. `pool_size` = N keeps N standbys per
+`pool_kernelspecs` entry regardless (0: no pool).
+
 Standbys are jupyter_client KernelManagers that the server's MappingKernelManager does not list:
 invisible in /api/kernels and sessions, out of the idle culler's reach. A new kernel request
 adopts one (its working directory and environment set to what the server would have given a
@@ -29,7 +37,9 @@ from ..contract import (
     ADOPT_REPLY,
     ADOPT_REQUEST,
     DEVICE,
+    REQUEST,
     SESSION,
+    WARM,
     WarmPlan,
     notebook_wants_gpu,
     opted_out,
@@ -49,8 +59,13 @@ CUDA_STARTUP_VARS = (
 EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no standby is started for this long
 WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
+RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
+HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
+WANTS_TTL_S = 5.0  # how long the reading of a notebook (does it use a GPU?) is reused
+REFILL_IDLE_S = 2.0  # an adopted kernel idle this long after its first request: refill now
 HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
+WARM_TIMEOUT_S = 120.0  # a standby still warming up by then counts as ready anyway
 
 
 class StandbyFailed(Exception):
@@ -73,6 +88,7 @@ class Standby:
     env: dict
     started: float  # time.monotonic()
     ready: bool = False
+    notebook: str | None = None  # the notebook whose warm plan it ran (automatic reserve)
 
     @property
     def pid(self) -> int | None:
@@ -80,11 +96,31 @@ class Standby:
 
 
 def _standby_ordinal(s: Standby) -> int:
-    """The GPU a standby was warmed on: its plan's device, else CUDA's default."""
+    """The GPU a standby was warmed on, as planned: its plan's device, else CUDA's default."""
     try:
         return int(s.env.get(DEVICE) or 0)
     except ValueError:
         return 0
+
+
+@dataclass
+class GpuNotebook:
+    """A running notebook that keeps its kernelspec's reserve: the standby is warmed for it."""
+
+    kernel_id: str
+    path: str | None
+    device: str  # the server-assigned device of its kernel ("" when none)
+    activity: object  # its last activity (the newest is the one most likely to restart)
+
+
+def host_memory_available() -> float | None:
+    """The fraction of the host's memory available now (MemAvailable / MemTotal), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+        return info["MemAvailable"] / info["MemTotal"]
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None
 
 
 def compatible(standby_env: dict, wanted_env: dict) -> list[str]:
@@ -109,6 +145,12 @@ class KernelPool:
         self.unsupported: dict[str, str] = {}  # kernelspec -> why the pool keeps no standby for it
         self._owned: set = set()  # kernel managers the pool started and still owns (not adopted, not stopped)
         self._paused: dict[int, float] = {}  # GPU ordinal -> no refill there before (time.monotonic())
+        self.auto = cfg.pool_size is None  # the automatic reserve
+        self.reserve_for: dict[str, list[GpuNotebook]] = {}  # kernelspec -> its GPU notebooks, newest first
+        self._seen: dict[str, float] = {}  # kernel id -> when the pool first saw it (time.monotonic())
+        self._wants: dict[str, tuple[float, bool]] = {}  # notebook path -> (when read, uses a GPU)
+        self.holders = None  # holders.Holders, once wired: the latest GPU inventory and who holds what
+        self._short: str | None = None  # why no standby may start now (memory), while that lasts
 
     # -- wiring ---------------------------------------------------------------------------------
     def install(self) -> None:
@@ -118,11 +160,25 @@ class KernelPool:
         atexit.register(self._kill_all)
         self._task = asyncio.ensure_future(self._maintain())
 
-    def target(self) -> int:
-        """Standbys to keep per kernelspec: the count, within the GPU-memory budget."""
-        n = self.cfg.pool_size if self.cfg.warm_policy != "never" else 0  # standbys are warmed kernels
+    def kernelspecs(self) -> list[str]:
+        """The kernelspecs the pool keeps standbys for now."""
+        if not self.auto:
+            return list(self.cfg.pool_kernelspecs)
+        return sorted(set(self.reserve_for) | {s.kernel_name for s in self.standbys})
+
+    def target(self, name: str | None = None) -> int:
+        """Standbys to keep for kernelspec `name` (None: per kernelspec in use), within the
+        GPU-memory budget. The automatic reserve keeps RESERVE while a GPU notebook uses it."""
+        if self.cfg.warm_policy == "never":  # standbys are warmed kernels
+            return 0
+        if self.auto:
+            specs = max(1, len(self.reserve_for))
+            n = RESERVE if name is None or name in self.reserve_for else 0
+        else:
+            specs = max(1, len(self.cfg.pool_kernelspecs))
+            n = self.cfg.pool_size
         if self.cfg.pool_gpu_budget_mib:
-            n = min(n, self.cfg.pool_gpu_budget_mib // WARMED_KERNEL_MIB // max(1, len(self.cfg.pool_kernelspecs)))
+            n = min(n, self.cfg.pool_gpu_budget_mib // WARMED_KERNEL_MIB // specs)
         return max(0, n)
 
     def status(self) -> dict:
@@ -130,28 +186,64 @@ class KernelPool:
         ready, why (`reason`)."""
         now = time.monotonic()
         specs = {}
-        for name in self.cfg.pool_kernelspecs:
+        for name in self.kernelspecs():
             health = self.health.get(name, SpecHealth())
             ready = sum(1 for s in self.standbys if s.kernel_name == name and s.ready)
             specs[name] = {"ready": ready, "starting": self._starting.get(name, 0), "failures": health.failures,
                            "error": health.error, "reason": None if ready else self._empty_reason(name, now)}
-        return {"target": self.target(), "kernelspecs": specs,
-                "standbys": [{"kernel_name": s.kernel_name, "pid": s.pid, "ready": s.ready,
-                              "age": round(now - s.started, 1)} for s in self.standbys],
-                "refused": self.refused[-10:]}
+            if self.auto:
+                specs[name]["wanted_for"] = [nb.path for nb in self.reserve_for.get(name, []) if nb.path]
+        held = self.holders.latest[1] if self.holders is not None else {}
+        standbys = []
+        for s in self.standbys:
+            on = held.get(f"standby-{s.pid}", {})
+            standbys.append({"kernel_name": s.kernel_name, "pid": s.pid, "ready": s.ready,
+                             "age": round(now - s.started, 1), "notebook": s.notebook,
+                             "ordinal": max(on, key=on.get) if on else (_standby_ordinal(s) if self._gpus() else None),
+                             "memory": sum(on.values()) if on else None})
+        reason = None
+        if self.auto and not self.standbys and not any(self._starting.values()):
+            reason = self._auto_reason(now)
+        return {"mode": "auto" if self.auto else "fixed", "target": self.target(), "kernelspecs": specs,
+                "standbys": standbys, "refused": self.refused[-10:], "reason": reason,
+                "min_free_fraction": self.cfg.pool_min_free_fraction}
+
+    def _auto_reason(self, now: float) -> str | None:
+        """Why the automatic reserve holds nothing, in a sentence (None: it is about to start one)."""
+        if self._closing:
+            return "the server is shutting down"
+        if self.cfg.warm_policy == "never":
+            return "warm_policy is 'never': standbys are warmed kernels, so the reserve keeps none"
+        if not self.reserve_for:
+            waiting = [k for k, at in self._seen.items() if now - at < self.cfg.pool_reserve_after]
+            if waiting:
+                return (f"a GPU notebook's kernel started: the reserve starts once it has run "
+                        f"{self.cfg.pool_reserve_after:g} s")
+            return "no GPU notebook is running: the reserve starts once one runs"
+        if self._short:
+            return self._short
+        for name in self.reserve_for:
+            why = self._empty_reason(name, now)
+            if why:
+                return why
+        return None
 
     def _empty_reason(self, name: str, now: float) -> str:
         """Why a kernelspec has no standby ready, in a sentence."""
         health = self.health.get(name, SpecHealth())
         if self._closing:
             return "the server is shutting down"
-        if self.target() == 0:
+        if self.auto and name not in self.reserve_for:
+            return "no GPU notebook of this kernelspec is running"
+        if self.target(name) == 0:
             if self.cfg.warm_policy == "never":
                 return "warm_policy is 'never': standbys are warmed kernels, so the pool keeps none"
             return (f"pool_gpu_budget_mib={self.cfg.pool_gpu_budget_mib} leaves no room for a standby "
                     f"(~{WARMED_KERNEL_MIB} MiB each)")
         if name in self.unsupported:
             return self.unsupported[name]
+        if self._short:
+            return self._short
         if health.error:
             wait = max(0.0, health.retry_at - now)
             return (f"standbys fail to start ({health.failures} in a row): {health.error}; "
@@ -177,31 +269,126 @@ class KernelPool:
 
     async def _tick(self) -> None:
         now = time.monotonic()
+        if self.auto:
+            self.reserve_for = self._gpu_notebooks(now)
+        self._short = self._memory_short()
         for s in list(self.standbys):
             dead = s.ready and not await ensure_async(s.km.is_alive())
             old = self.cfg.pool_max_age and now - s.started > self.cfg.pool_max_age
-            if dead or old:
+            unwanted = self.auto and s.kernel_name not in self.reserve_for
+            if dead or old or unwanted:
                 self.standbys.remove(s)
                 if dead:
                     self._failed(s.kernel_name, f"a standby kernel died ({_exit_status(s.km)})")
+                elif unwanted:
+                    self.log.info("gpuctx pool: no GPU notebook of %s runs any more: stopping its standby (pid %s)",
+                                  s.kernel_name, s.pid)
                 else:
                     self.log.info("gpuctx pool: recycling standby %s", s.pid)
                 await self._shutdown(s)
             elif now - s.started > HEALTHY_AFTER_S:
                 self._healthy(s.kernel_name)
-        for name in self.cfg.pool_kernelspecs:
+        await self._keep_the_floor()
+        for name in self.kernelspecs():
             have = sum(1 for s in self.standbys if s.kernel_name == name) + self._starting.get(name, 0)
             health = self.health.setdefault(name, SpecHealth())
             paused = any(until > now for until in self._paused.values())
-            if (have < self.target() and now >= health.retry_at and name not in self.unsupported
-                    and not paused and not self._waiting_for_first_request()):
+            if (have < self.target(name) and now >= health.retry_at and name not in self.unsupported
+                    and not paused and not self._short and not self._waiting_for_first_request()):
                 self._starting[name] = self._starting.get(name, 0) + 1
                 self.background.spawn(self._spawn(name), f"starting a standby {name} kernel")
+
+    # -- the automatic reserve ------------------------------------------------------------------
+    def _gpu_notebooks(self, now: float) -> dict[str, list[GpuNotebook]]:
+        """Per kernelspec, the running notebooks that keep a reserve: kernels gpuctx warms (their
+        launch environment carries a warm plan) whose notebook uses a GPU framework, once they
+        have run pool_reserve_after s; the most recently active first."""
+        out: dict[str, list[GpuNotebook]] = {}
+        running = set()
+        for kid in list(self.mkm.list_kernel_ids()):
+            km = internals.get_registered(self.mkm, kid)
+            env = (internals.launch_args(km).get("env") or {}) if km is not None else {}
+            if km is None or WARM not in env or not self._uses_gpu(env):
+                continue
+            running.add(kid)
+            if now - self._seen.setdefault(kid, now) < self.cfg.pool_reserve_after:
+                continue
+            out.setdefault(km.kernel_name, []).append(
+                GpuNotebook(kid, env.get(SESSION), env.get(DEVICE, ""), getattr(km, "last_activity", None)))
+        for gone in set(self._seen) - running:
+            del self._seen[gone]
+        for notebooks in out.values():
+            notebooks.sort(key=lambda nb: _timestamp(nb.activity), reverse=True)
+        return out
+
+    def _uses_gpu(self, env: dict) -> bool:
+        """`_serves`, with each notebook read at most every WANTS_TTL_S (this runs every second)."""
+        if opted_out(env) or self.cfg.warm_policy != "auto":
+            return self._serves(env)
+        path, now = env.get(SESSION) or "", time.monotonic()
+        seen = self._wants.get(path)
+        if seen is None or now - seen[0] > WANTS_TTL_S:
+            seen = self._wants[path] = (now, notebook_wants_gpu(path or None)[0])
+        if len(self._wants) > 1000:  # forget notebooks read long ago
+            self._wants = {k: v for k, v in self._wants.items() if now - v[0] <= WANTS_TTL_S}
+        return seen[1]
+
+    # -- memory floors ----------------------------------------------------------------------------
+    def _gpus(self) -> list:
+        """The GPUs as the holders round last read them (empty before it ran, or without a GPU)."""
+        inv = getattr(self.holders, "inventory", None)
+        return list(getattr(inv, "devices", None) or [])
+
+    def _below_floor(self, ordinal: int, adding: int = 0) -> bool:
+        """Whether GPU `ordinal` has (or, holding `adding` more bytes, would have) less free memory
+        than pool_min_free_fraction of its total."""
+        floor = self.cfg.pool_min_free_fraction
+        for d in self._gpus():
+            r = d.record
+            if d.ordinal == ordinal and floor > 0 and r.memory_total and r.memory_free is not None:
+                return r.memory_free - adding < floor * r.memory_total
+        return False
+
+    def _memory_short(self) -> str | None:
+        """Why no standby may start now: the host's memory, or the GPU the next one would use."""
+        host = host_memory_available()
+        if host is not None and host < HOST_FLOOR:
+            return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
+        if self.holders is not None and self.holders.inventory is None:
+            return "reading the GPUs' memory first"
+        ordinal = self._next_ordinal()
+        if self._below_floor(ordinal, WARMED_KERNEL_MIB * 2**20):
+            return (f"cuda:{ordinal} would have less than {self.cfg.pool_min_free_fraction:.0%} free with a "
+                    f"standby (~{WARMED_KERNEL_MIB} MiB): pool_min_free_fraction keeps it for notebooks")
+        return None
+
+    def _next_ordinal(self) -> int:
+        """The GPU the next standby would warm on: its notebook's server-assigned device, else 0."""
+        for notebooks in self.reserve_for.values():
+            for nb in notebooks:
+                if nb.device.isdigit():
+                    return int(nb.device)
+        return 0
+
+    async def _keep_the_floor(self) -> None:
+        """Stop the standbys on a GPU whose free memory fell below the floor, and every standby
+        when the host runs short of memory."""
+        held = self.holders.latest[1] if self.holders is not None else {}
+        short_host = self._short is not None and self._short.startswith("the host")
+        for ordinal in sorted({o for s in self.standbys for o in (held.get(f"standby-{s.pid}") or {})}):
+            if self._below_floor(ordinal):
+                await self.evict(ordinal)
+        if short_host and self.standbys:
+            gone, self.standbys = self.standbys, []
+            self.log.info("gpuctx pool: %s: stopping %d standby(s)", self._short, len(gone))
+            await asyncio.gather(*(self._shutdown(s) for s in gone))
 
     async def evict(self, ordinal: int) -> int:
         """GPU `ordinal` is short of memory: stop the standbys warmed on it (their plan's device,
         else CUDA's default 0) and refill nowhere for EVICT_PAUSE_S. Returns how many stopped."""
-        gone = [s for s in self.standbys if _standby_ordinal(s) == ordinal]
+        held = self.holders.latest[1] if self.holders is not None else {}
+        gone = [s for s in self.standbys
+                if ordinal in (held.get(f"standby-{s.pid}") or {_standby_ordinal(s): 0})]
         for s in gone:
             self.standbys.remove(s)
         self._paused[ordinal] = time.monotonic() + EVICT_PAUSE_S
@@ -235,29 +422,39 @@ class KernelPool:
         self.health[name] = SpecHealth()
 
     def _waiting_for_first_request(self) -> bool:
-        """Refill only once adopted kernels have served their first request (or a minute passed),
-        so that starting a standby does not compete with the user's first cell."""
+        """Refill only once adopted kernels have served their first request and stayed idle
+        REFILL_IDLE_S (or a minute passed), so that starting a standby does not compete with the
+        user's first cells (Run All after a restart)."""
         now = time.monotonic()
         for kid, at in list(self.adopted.items()):
             km = internals.get_registered(self.mkm, kid)
             served = km is None or (getattr(km, "execution_state", "") == "idle"
-                                    and km.last_activity > getattr(km, "_gpuctx_adopted_at", km.last_activity))
+                                    and km.last_activity > getattr(km, "_gpuctx_adopted_at", km.last_activity)
+                                    and (internals.utcnow() - km.last_activity).total_seconds() >= REFILL_IDLE_S)
             if served or now - at > 60:
                 del self.adopted[kid]
         return bool(self.adopted)
 
     async def _spawn(self, name: str) -> None:
         km = None
+        # The automatic reserve warms for the notebook most likely to restart next: its plan
+        # (the kernel reads that notebook), on its kernel's device.
+        notebook = (self.reserve_for.get(name) or [None])[0] if self.auto else None
+        base = dict(os.environ)
+        if notebook is not None and notebook.path:
+            base[SESSION] = notebook.path
         try:
-            plan = WarmPlan.from_env(await self.hook.plan(name, None) or {})
+            plan = WarmPlan.from_env(await self.hook.plan(name, base) or {})
             missing = self.hook.without_gpuctx(name)
             if missing:
                 self.unsupported[name] = f"{missing}: the pool keeps warmed kernels only"
                 self.log.info("gpuctx pool: no standbys for %s: %s", name, missing)
                 return
             if not plan.opt_out:  # the server's own opt-out stands
-                plan.policy = "always"  # a standby has no notebook yet: warm it regardless
-            env = {**os.environ, **plan.to_env()}
+                plan.policy = "always"  # a standby serves no notebook yet: warm it regardless
+            if notebook is not None and notebook.device:
+                plan.device, plan.device_source = notebook.device, "the notebook's kernel (warm reserve)"
+            env = {**base, **plan.to_env()}
             kwargs = {"env": env, "extra_arguments": ["--ext=gpuctx"]}
             try:
                 km, _, sid = self.mkm.pre_start_kernel(name, kwargs)
@@ -265,7 +462,7 @@ class KernelPool:
                 raise StandbyFailed(f"kernelspec {name!r}: {type(exc).__name__}: {exc}") from None
             self._owned.add(km)
             kwargs["kernel_id"] = sid
-            standby = Standby(km, name, env, time.monotonic())
+            standby = Standby(km, name, env, time.monotonic(), notebook=base.get(SESSION) if notebook else None)
             try:
                 await ensure_async(km.start_kernel(**kwargs))
                 if hasattr(km, "ready"):
@@ -278,6 +475,7 @@ class KernelPool:
             # ready once it answers kernel_info — a kernel that exits at once never does.
             self.standbys.append(standby)
             await self._until_ready(km)
+            await self._until_warmed(km)
             if standby not in self.standbys:  # adopted (or dropped) while it booted: not ours now
                 return
             standby.ready = True
@@ -321,10 +519,26 @@ class KernelPool:
                 continue
         raise StandbyFailed("the server is shutting down")
 
+    async def _until_warmed(self, km) -> None:
+        """Wait until a standby's warm-up has ended, so that `ready` means GPU-ready (a request
+        still takes one that is warming: its first cell then waits only for what is left)."""
+        deadline = time.monotonic() + WARM_TIMEOUT_S
+        while not self._closing and time.monotonic() < deadline:
+            try:
+                reply = await kernel_client.request(km, "control", REQUEST, {}, 2.0)
+            except kernel_client.NoReply:
+                if not await ensure_async(km.is_alive()):
+                    raise StandbyFailed(f"the kernel exited while warming up ({_exit_status(km)})") from None
+                continue
+            if (reply.get("content", {}).get("warmup") or {}).get("state") != "running":
+                return
+            await asyncio.sleep(0.2)
+
     def _take(self, name: str, env: dict) -> Standby | None:
         """A standby for this request: a ready one first, else one still booting (adopting it
         waits for it to answer, still sooner than a cold start)."""
-        for s in sorted(self.standbys, key=lambda s: not s.ready):
+        wanted = env.get(SESSION)
+        for s in sorted(self.standbys, key=lambda s: (not s.ready, s.notebook != wanted)):
             if s.kernel_name != name:
                 continue
             differ = compatible(s.env, env)
@@ -482,6 +696,13 @@ def _exit_status(km) -> str:
     process = getattr(getattr(km, "provisioner", None), "process", None)
     code = process.poll() if process is not None and hasattr(process, "poll") else None
     return "its process is gone" if code is None else f"exit code {code}"
+
+
+def _timestamp(when) -> float:
+    try:
+        return when.timestamp()
+    except (AttributeError, OverflowError, OSError, ValueError):
+        return 0.0
 
 
 def _remove_connection_file(km) -> None:

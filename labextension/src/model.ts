@@ -24,6 +24,8 @@ import {
   IHolders,
   IKernelRef,
   IKernelView,
+  IPoolStandby,
+  IPoolStatus,
   ISnapshot
 } from './types';
 
@@ -127,6 +129,17 @@ export interface IPanelView {
   notes: string[];
   /** What the server took back from idle notebooks lately, newest first, in sentences. */
   reclaimed: string[];
+  /** The warm reserve (the server's pool of standby kernels); null when the server keeps none. */
+  reserve: IReserveView | null;
+}
+
+/** The warm reserve in words: a headline, then one line per standby and why it is empty or failing. */
+export interface IReserveView {
+  /** "Warm reserve: 1 kernel ready", "Warm reserve: starting", "Warm reserve: empty". */
+  headline: string;
+  lines: string[];
+  /** 'warn' while standbys fail to start (a line says so in words too). */
+  tone: 'normal' | 'warn';
 }
 
 export function isReplay(snapshot: ISnapshot | null | undefined): boolean {
@@ -370,7 +383,74 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
     const names = hidden.map(h => (typeof h.nvml_index === 'number' ? `nvidia-smi ${h.nvml_index} ${h.name}` : h.name));
     notes.push(`Not visible to this server's kernels (CUDA_VISIBLE_DEVICES): ${names.join(', ')}`);
   }
-  return { replay, noGpu, devices, notes, reclaimed: reclaimedLines(snapshot.holders) };
+  return {
+    replay,
+    noGpu,
+    devices,
+    notes,
+    reclaimed: reclaimedLines(snapshot.holders),
+    reserve: reserveView(snapshot.pool)
+  };
+}
+
+/** "python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready": what an older server omits is left out. */
+function standbyLine(s: IPoolStandby): string {
+  const ordinal = num(s.ordinal);
+  const memory = num(s.memory);
+  return [
+    s.kernel_name || 'kernel',
+    ordinal !== null ? `GPU ${ordinal}` : null,
+    memory !== null ? formatBytes(memory) : null,
+    s.notebook ? `warmed for ${basename(s.notebook)}` : null,
+    s.ready ? 'ready' : 'booting'
+  ]
+    .filter(Boolean)
+    .join(' · ');
+}
+
+/**
+ * The warm reserve (the kernels the server starts ahead of time, so that a new or restarted
+ * notebook gets a warmed kernel at once), or null when the server keeps none. When it holds
+ * nothing, the server's reason is the line a person needs; a failing kernelspec is said in words.
+ */
+export function reserveView(pool: IPoolStatus | null | undefined): IReserveView | null {
+  if (!pool) {
+    return null;
+  }
+  if (pool.error !== undefined && pool.error !== null) {
+    const why = pool.error ? ` (${pool.error})` : '';
+    return { headline: `Warm reserve: status unavailable${why}`, lines: [], tone: 'warn' };
+  }
+  const specs = Object.entries(pool.kernelspecs ?? {}).filter(([, spec]) => !!spec);
+  const standbys = (Array.isArray(pool.standbys) ? pool.standbys : []).filter(Boolean);
+  const ready = standbys.filter(s => s.ready).length;
+  const starting = standbys.length > ready || specs.some(([, spec]) => (num(spec.starting) ?? 0) > 0);
+  const headline = ready
+    ? `Warm reserve: ${ready} kernel${ready === 1 ? '' : 's'} ready`
+    : `Warm reserve: ${starting ? 'starting' : 'empty'}`;
+  const lines = standbys.map(standbyLine);
+  if (standbys.length === 0) {
+    const reason = pool.reason || specs.map(([, spec]) => spec.reason).find(Boolean);
+    if (reason) {
+      lines.push(reason);
+    }
+  }
+  const failing = specs.filter(([, spec]) => !!spec.error);
+  for (const [name, spec] of failing) {
+    // An empty kernelspec's reason already quotes its error.
+    if (!lines.some(line => line.includes(spec.error!))) {
+      lines.push(`${name} standbys fail to start: ${spec.error}`);
+    }
+  }
+  if (pool.mode === 'auto' && ready) {
+    const wanted = specs.flatMap(([, spec]) => (Array.isArray(spec.wanted_for) ? spec.wanted_for : []));
+    const names = Array.from(new Set(wanted.filter(Boolean).map(basename)));
+    if (names.length) {
+      const which = names.length === 1 ? 'this notebook' : 'these notebooks';
+      lines.push(`Restart of ${which} is GPU-ready: ${names.join(', ')}`);
+    }
+  }
+  return { headline, lines, tone: failing.length ? 'warn' : 'normal' };
 }
 
 /**

@@ -1,7 +1,8 @@
 /**
  * The "GPUs" sidebar panel: the no-GPU reason first when there is one, the active notebook's
  * own GPU view with its kernel's actions, then one card per GPU (meters, a chart of the last
- * minutes, the processes on it) — or, with many GPUs, one compact row per GPU.
+ * minutes, the processes on it) — or, with many GPUs, one compact row per GPU — and under them
+ * the warm reserve (the standby kernels the server keeps ready) when the server keeps one.
  *
  * Plain DOM, updated in place: a card is built once per GPU and only its numbers change on
  * each tick, so a button that has keyboard focus keeps it while the data streams in, and a
@@ -22,6 +23,7 @@ import {
   IKernelRow,
   IPanelView,
   IProcessView,
+  IReserveView,
   kernelRows,
   OUTAGE_TEXT,
   panelView,
@@ -199,6 +201,17 @@ export class GpuPanel extends Widget {
     this._compactNode.setAttribute('aria-label', 'GPUs, one row each');
     this._compactNode.hidden = true;
     this._devices.appendChild(this._compactNode);
+    // The warm reserve, under the GPUs: built once, hidden while the server keeps no pool.
+    this._reserve = el('section', 'jp-gpuctx-reserve');
+    this._reserve.hidden = true;
+    this._reserveHeading = el('h3', 'jp-gpuctx-section-heading jp-gpuctx-reserve-heading');
+    this._reserveHeading.id = `jp-gpuctx-reserve-${++uid}`;
+    this._reserveHeading.title =
+      'Kernels the server starts and warms ahead of time, so that a new or restarted notebook gets one at once';
+    this._reserve.setAttribute('aria-labelledby', this._reserveHeading.id);
+    this._reserveLines = el('ul', 'jp-gpuctx-reserve-lines');
+    this._reserve.append(this._reserveHeading, this._reserveLines);
+    this._devices.appendChild(this._reserve);
     this._reclaimed = el('div', 'jp-gpuctx-reclaimed');
     this._reclaimed.hidden = true;
     this._reclaimedList = el('ul', 'jp-gpuctx-reclaimed-list');
@@ -344,6 +357,7 @@ export class GpuPanel extends Widget {
     this._compactNode.hidden = !compact;
     this._renderCards(compact ? [] : view.devices);
     this._renderRowsCompact(compact ? view.devices : []);
+    this._renderReserve(view.reserve);
     const reclaimedKey = view.reclaimed.join('\n');
     if (reclaimedKey !== this._reclaimedKey) {
       this._reclaimedKey = reclaimedKey;
@@ -355,6 +369,19 @@ export class GpuPanel extends Widget {
       this._notesKey = notesKey;
       this._notes.replaceChildren(...view.notes.map(n => el('li', undefined, n)));
     }
+  }
+
+  private _renderReserve(reserve: IReserveView | null): void {
+    this._reserve.hidden = !reserve;
+    this._reserve.classList.toggle('jp-gpuctx-mod-warn', reserve?.tone === 'warn');
+    setText(this._reserveHeading, reserve?.headline ?? '');
+    const lines = reserve?.lines ?? [];
+    const key = lines.join('\n');
+    if (key !== this._reserveKey) {
+      this._reserveKey = key;
+      this._reserveLines.replaceChildren(...lines.map(line => el('li', 'jp-gpuctx-reserve-line', line)));
+    }
+    this._reserveLines.hidden = lines.length === 0;
   }
 
   private _renderReplay(view: IPanelView): void {
@@ -718,6 +745,10 @@ export class GpuPanel extends Widget {
   private _compactNode: HTMLElement;
   private _notes: HTMLElement;
   private _notesKey = '';
+  private _reserve: HTMLElement;
+  private _reserveHeading: HTMLElement;
+  private _reserveLines: HTMLElement;
+  private _reserveKey = '';
   private _reclaimed: HTMLElement;
   private _reclaimedList: HTMLElement;
   private _reclaimedKey = '';

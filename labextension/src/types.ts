@@ -123,6 +123,55 @@ export interface IReplay {
   recorded?: string;
 }
 
+/** One kernelspec of the warm pool: how many standbys it has, and why none when it has none. */
+export interface IPoolKernelspec {
+  ready?: number;
+  starting?: number;
+  /** Failed starts in a row. */
+  failures?: number;
+  /** The last failure, while starting standbys fails. */
+  error?: string | null;
+  /** Why it has no standby ready, in a sentence; null when it has one. */
+  reason?: string | null;
+  /** Automatic reserve: the running GPU notebooks that keep this kernelspec's reserve. */
+  wanted_for?: string[] | null;
+}
+
+/** A standby of the warm pool: a kernel started (and warmed) before any notebook asked for it. */
+export interface IPoolStandby {
+  kernel_name?: string;
+  pid?: number;
+  /** Started and warmed: a notebook can take it now. */
+  ready?: boolean;
+  /** Seconds since it was started. */
+  age?: number | null;
+  /** The CUDA ordinal it warmed on, or null (no GPU, or unknown). */
+  ordinal?: number | null;
+  /** The notebook whose warm plan it ran, or null. */
+  notebook?: string | null;
+  /** Bytes of GPU memory it holds (NVML), or null. */
+  memory?: number | null;
+}
+
+/**
+ * The server's warm kernel pool ("warm reserve"), or `{error}` when reading it failed. Older
+ * servers send no `mode`, `reason`, nor the standbys' `ordinal`, `notebook` and `memory`.
+ */
+export interface IPoolStatus {
+  /** "auto": the automatic reserve; "fixed": `pool_size` set explicitly. */
+  mode?: 'auto' | 'fixed' | string;
+  /** Standbys wanted in all (auto) or per kernelspec (fixed). */
+  target?: number;
+  kernelspecs?: Record<string, IPoolKernelspec>;
+  standbys?: IPoolStandby[];
+  /** Why recent requests could not take a standby. */
+  refused?: string[];
+  /** Automatic reserve without any standby: why, in a sentence. */
+  reason?: string | null;
+  /** Set instead of the rest when the server could not read the pool's status. */
+  error?: string;
+}
+
 export interface ISnapshot {
   type?: 'snapshot';
   gpu: boolean;
@@ -134,6 +183,8 @@ export interface ISnapshot {
   notes?: string[];
   replay?: IReplay | null;
   holders?: IHolders | null;
+  /** The warm kernel pool; null when the server keeps none. */
+  pool?: IPoolStatus | null;
 }
 
 /** The stream's first message: the interval the server granted. */

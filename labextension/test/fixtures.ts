@@ -1,4 +1,4 @@
-import { ISnapshot } from '../src/types';
+import { IPoolStatus, ISnapshot } from '../src/types';
 
 export const GIB = 1024 ** 3;
 
@@ -168,3 +168,31 @@ export function holdersSnapshot(time = at(14, 0)): ISnapshot {
     }
   };
 }
+
+/** The automatic warm reserve holding one ready python3 standby, warmed on GPU 0 for train.ipynb. */
+export function readyPool(): IPoolStatus {
+  return {
+    mode: 'auto',
+    target: 1,
+    kernelspecs: {
+      python3: { ready: 1, starting: 0, failures: 0, error: null, reason: null, wanted_for: ['work/train.ipynb'] }
+    },
+    standbys: [
+      { kernel_name: 'python3', pid: 81300, ready: true, age: 42.5, ordinal: 0, notebook: 'work/train.ipynb', memory: 630 * 1024 ** 2 }
+    ],
+    refused: [],
+    reason: null
+  };
+}
+
+/** The automatic reserve with nothing in it: no GPU notebook runs. */
+export const EMPTY_POOL: IPoolStatus = {
+  mode: 'auto',
+  target: 1,
+  kernelspecs: {
+    python3: { ready: 0, starting: 0, failures: 0, error: null, reason: 'no GPU notebook is running', wanted_for: [] }
+  },
+  standbys: [],
+  refused: [],
+  reason: 'no GPU notebook is running: the reserve starts once one runs'
+};

@@ -8,11 +8,12 @@ import {
   OUTAGE_TEXT,
   panelView,
   REPLAY_BANNER,
+  reserveView,
   statusView,
   warmupSummary
 } from '../src/model';
 import { IKernelView, ISnapshot } from '../src/types';
-import { GIB, NO_GPU, twoGpus } from './fixtures';
+import { EMPTY_POOL, GIB, NO_GPU, readyPool, twoGpus } from './fixtures';
 
 describe('panelView', () => {
   it('carries the server reason when there is no GPU', () => {
@@ -225,5 +226,106 @@ describe('kernelRows', () => {
       detail: 'no torch'
     });
     expect(warmupSummary({ status: 'ok' }).summary).toBe('unknown');
+  });
+});
+
+describe('reserveView', () => {
+  it('is null when the server keeps no pool, so the panel shows nothing', () => {
+    expect(reserveView(null)).toBeNull();
+    expect(reserveView(undefined)).toBeNull();
+    expect(panelView(twoGpus()).reserve).toBeNull();
+  });
+
+  it('lists a ready standby: kernelspec, GPU, memory, the notebook it warmed for, ready', () => {
+    expect(reserveView(readyPool())).toEqual({
+      headline: 'Warm reserve: 1 kernel ready',
+      lines: [
+        'python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready',
+        'Restart of this notebook is GPU-ready: train.ipynb'
+      ],
+      tone: 'normal'
+    });
+    expect(panelView({ ...twoGpus(), pool: readyPool() }).reserve?.headline).toBe('Warm reserve: 1 kernel ready');
+  });
+
+  it('says "starting" while its standbys boot, and calls restart GPU-ready only once one is ready', () => {
+    const pool = readyPool();
+    pool.standbys = [
+      { kernel_name: 'python3', pid: 1, ready: false, age: 2, ordinal: null, notebook: null, memory: null },
+      { kernel_name: 'python3', pid: 2, ready: false, age: 1, ordinal: 1, notebook: 'b/eval.ipynb', memory: null }
+    ];
+    pool.kernelspecs!.python3 = { ...pool.kernelspecs!.python3, ready: 0, wanted_for: ['work/train.ipynb', 'b/eval.ipynb'] };
+    pool.kernelspecs!.other = { ready: 0, wanted_for: ['work/train.ipynb'] };
+    const view = reserveView(pool)!;
+    expect(view.headline).toBe('Warm reserve: starting');
+    expect(view.lines).toEqual([
+      'python3 · booting',
+      'python3 · GPU 1 · warmed for eval.ipynb · booting'
+    ]);
+    pool.standbys[1].ready = true; // ready: the notebooks that keep it are named, once each
+    expect(reserveView(pool)!.lines.slice(-1)[0]).toBe('Restart of these notebooks is GPU-ready: train.ipynb, eval.ipynb');
+    // counted by kernelspec before the standby is listed (an older server)
+    expect(reserveView({ target: 1, kernelspecs: { python3: { ready: 0, starting: 1 } }, standbys: [] })!.headline).toBe(
+      'Warm reserve: starting'
+    );
+  });
+
+  it('gives the reason when it is empty: the top-level one, else the first kernelspec\'s', () => {
+    expect(reserveView(EMPTY_POOL)).toEqual({
+      headline: 'Warm reserve: empty',
+      lines: ['no GPU notebook is running: the reserve starts once one runs'],
+      tone: 'normal'
+    });
+    const { reason, ...withoutTopReason } = EMPTY_POOL;
+    expect(reason).toBeTruthy();
+    expect(reserveView(withoutTopReason)!.lines).toEqual(['no GPU notebook is running']);
+  });
+
+  it('warns in words when standbys fail to start', () => {
+    const error = 'kernel died during start-up';
+    const empty = reserveView({
+      mode: 'fixed',
+      target: 1,
+      kernelspecs: { python3: { ready: 0, failures: 3, error, reason: `standbys fail to start (3 in a row): ${error}` } },
+      standbys: []
+    })!;
+    expect(empty.tone).toBe('warn');
+    expect(empty.headline).toBe('Warm reserve: empty');
+    expect(empty.lines).toEqual([`standbys fail to start (3 in a row): ${error}`]); // said once
+    const pool = readyPool();
+    pool.kernelspecs!.r = { ready: 0, failures: 1, error: 'no such kernelspec', reason: null };
+    const view = reserveView(pool)!;
+    expect(view.tone).toBe('warn');
+    expect(view.lines).toContain('r standbys fail to start: no such kernelspec');
+  });
+
+  it('says the status is unavailable when the server could not read it', () => {
+    expect(reserveView({ error: 'pool stopped' })).toEqual({
+      headline: 'Warm reserve: status unavailable (pool stopped)',
+      lines: [],
+      tone: 'warn'
+    });
+  });
+
+  it("reads an older server's pool (no mode, reason, ordinal, notebook or memory)", () => {
+    const view = reserveView({
+      target: 2,
+      kernelspecs: { python3: { ready: 2, starting: 0, failures: 0, error: null, reason: null } },
+      standbys: [
+        { kernel_name: 'python3', pid: 10, ready: true, age: 5 },
+        { kernel_name: 'python3', pid: 11, ready: true, age: 4 }
+      ],
+      refused: []
+    })!;
+    expect(view).toEqual({
+      headline: 'Warm reserve: 2 kernels ready',
+      lines: ['python3 · ready', 'python3 · ready'],
+      tone: 'normal'
+    });
+    expect(reserveView({ target: 0, kernelspecs: {}, standbys: [] })).toEqual({
+      headline: 'Warm reserve: empty',
+      lines: [],
+      tone: 'normal'
+    });
   });
 });

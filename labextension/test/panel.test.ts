@@ -12,7 +12,7 @@ import { DeviceHistory } from '../src/history';
 import { GpuPanel } from '../src/panel';
 import { DEFAULT_SETTINGS } from '../src/settings';
 import { ISnapshot } from '../src/types';
-import { GIB, NO_GPU, twoGpus } from './fixtures';
+import { EMPTY_POOL, GIB, NO_GPU, readyPool, twoGpus } from './fixtures';
 
 function mounted(): GpuPanel {
   const panel = new GpuPanel(new DeviceHistory(120, 1));
@@ -229,6 +229,41 @@ describe('GpuPanel', () => {
     panel.setCompact(null);
     panel.configure({ ...DEFAULT_SETTINGS, compactAbove: 8 });
     expect(panel.compact).toBe(false);
+    Widget.detach(panel);
+  });
+
+  it('shows the warm reserve under the GPUs, updates it in place, and drops it when the pool goes', () => {
+    const panel = mounted();
+    panel.setSnapshot(twoGpus(100));
+    const section = panel.node.querySelector('.jp-gpuctx-reserve') as HTMLElement;
+    expect(section.hidden).toBe(true);
+    panel.setSnapshot({ ...twoGpus(101), pool: readyPool() });
+    expect(section.hidden).toBe(false);
+    const heading = section.querySelector('h3')!;
+    expect(section.getAttribute('aria-labelledby')).toBe(heading.id);
+    expect(heading.textContent).toBe('Warm reserve: 1 kernel ready');
+    const lines = () => Array.from(section.querySelectorAll('li')).map(li => li.textContent);
+    expect(lines()).toEqual([
+      'python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready',
+      'Restart of this notebook is GPU-ready: train.ipynb'
+    ]);
+    const cards = panel.node.querySelectorAll('.jp-gpuctx-card');
+    expect(cards[cards.length - 1].compareDocumentPosition(section) & Node.DOCUMENT_POSITION_FOLLOWING).toBeTruthy();
+    // the same pool on the next tick: the same nodes
+    const item = section.querySelector('li');
+    panel.setSnapshot({ ...twoGpus(102), pool: readyPool() });
+    expect(section.querySelector('li')).toBe(item);
+    panel.setSnapshot({ ...twoGpus(103), pool: EMPTY_POOL });
+    expect(heading.textContent).toBe('Warm reserve: empty');
+    expect(lines()).toEqual(['no GPU notebook is running: the reserve starts once one runs']);
+    expect(section.classList.contains('jp-gpuctx-mod-warn')).toBe(false);
+    panel.setSnapshot({ ...twoGpus(104), pool: { error: 'pool stopped' } });
+    expect(heading.textContent).toBe('Warm reserve: status unavailable (pool stopped)');
+    expect(section.classList.contains('jp-gpuctx-mod-warn')).toBe(true);
+    expect((section.querySelector('ul') as HTMLElement).hidden).toBe(true);
+    panel.setSnapshot({ ...twoGpus(105), pool: null });
+    expect(section.hidden).toBe(true);
+    expect(visibleText(panel.node)).not.toContain('Warm reserve');
     Widget.detach(panel);
   });
 

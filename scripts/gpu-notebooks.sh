@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The notebooks benchmark (benchmarks/notebooks.py) on a GPU machine: one stream per GPU side by
+# side (stream i sees only GPU i, through CUDA_VISIBLE_DEVICES), each within a time limit, then one
+# table of medians over every stream's runs and any earlier results named in $MERGE_WITH.
+#
+#   scripts/gpu-notebooks.sh UNTIL_S "notebooks of GPU 0" ["notebooks of GPU 1" ...]
+#   e.g. scripts/gpu-notebooks.sh 300 mlp_adamw,transformer_bf16,heavy_imports
+#
+# Cases: $CASES (default cold,idle,runall,restart). Results: $OUT (else benchmarks/results/):
+# notebooks-<stamp>-gpu<i>.json per stream and notebooks-merged.json. Set up as scripts/gpu-check.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+results="${OUT:-benchmarks/results}"
+mkdir -p "$results"
+export PYTHONPATH="$PWD"
+if ! "$py" -c "import jupyter_server" 2>/dev/null; then  # the GPU machine: the Jupyter stack from .devwheels
+  [ -d /tmp/gpuctx-site/jupyter_server ] || "$py" -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
+  export PYTHONPATH="/tmp/gpuctx-site:$PWD"
+fi
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+until_s="$1"; shift
+stamp="$(date +%H%M%S)"
+files=()
+i=0
+for notebooks in "$@"; do
+  out="$results/notebooks-$stamp-gpu$i.json"
+  CUDA_VISIBLE_DEVICES=$i "$py" benchmarks/notebooks.py --notebooks "$notebooks" --cases "${CASES:-cold,idle,runall,restart}" \
+    --repeat 10 --until "$until_s" --json "$out" > "$results/notebooks-$stamp-gpu$i.log" 2>&1 &
+  files+=("$out")
+  i=$((i + 1))
+done
+wait
+for f in "${files[@]}"; do [ -f "$f" ] || echo "missing: $f (see its .log)"; done
+existing=()
+for f in "${files[@]}" ${MERGE_WITH:-}; do [ -f "$f" ] && existing+=("$f"); done
+"$py" benchmarks/notebooks.py --merge "${existing[@]}" --json "$results/notebooks-merged.json"
