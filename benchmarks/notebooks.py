@@ -255,6 +255,10 @@ def main() -> None:
     both = ("cpu", "restart")  # baseline and ours side by side
     plan = [(case, srv) for case in cases for srv in ((off, on) if case in both else (off if case == "cold" else on,))]
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
+    env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
+           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+           "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
+           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     t0 = time.monotonic()
     try:
         for rep in range(args.repeat):  # interleaved, so drift hits every case alike
@@ -265,16 +269,18 @@ def main() -> None:
                 for case, srv in plan:
                     key = case if case not in both else f"{case}, warming {'off' if srv is off else 'on'}"
                     runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
+                save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
     finally:
         off.stop()
         on.stop()
-
-    env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
-           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
-           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     report(runs, skipped, env, args.json)
+
+
+def save(path: str, env: dict, runs: dict, skipped: dict, table: dict | None = None) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"env": env, "table": table or {}, "runs": runs, "skipped": skipped}, fh, indent=2)
 
 
 def merge(paths: list[str], out: str) -> None:
@@ -325,9 +331,7 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
             print(f"\n{name}: " + "\n  ".join(last["plan"]))
             print(f"  warm-up: {(last.get('warmup') or {}).get('state')} — phases (s): " + ", ".join(
                 f"{k} {v:.2f}" for k, v in ((last.get("warmup") or {}).get("phases") or {}).items()))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump({"env": env, "table": table, "runs": runs, "skipped": skipped}, fh, indent=2)
+    save(path, env, runs, skipped, table)
     print(f"\nwrote {path}")
 
 

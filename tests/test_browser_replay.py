@@ -84,6 +84,9 @@ def test_the_notebook_section_says_its_kernel_came_from_the_warm_pool(page, brow
                            ".textContent.includes('from the warm pool')", timeout=30_000)
     assert "Started" in rows.inner_text()
     assert "train.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
+    if refreshing_docs():  # for the README: a chart with a minute of history, not a few seconds
+        page.wait_for_function("() => Array.from(document.querySelectorAll('#gpuctx-panel .jp-gpuctx-chart'))"
+                               ".every(c => Number(c.dataset.gpuctxPoints) >= 60)", timeout=120_000)
     shoot(page, panel, screenshot("panel-light.png"))
     assert browser.errors == []
 

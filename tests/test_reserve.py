@@ -8,11 +8,18 @@ import json
 from .harness.gpus import NO_GPU
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
-from .test_pool import kernel_pids, pool_status
 
 # The suite's servers keep no pool (conftest); these ask for the default, with no delay.
 AUTO = {"GPUCTX_SERVER_POOL": "auto"}
 NO_DELAY = "--GpuctxServer.pool_reserve_after=0"
+
+
+def pool_status(srv) -> dict:
+    return srv.api("GET", "/gpuctx/api/devices")[1]["pool"]
+
+
+def kernel_pids(srv) -> set[int]:
+    return set(srv.kernel_processes())
 
 
 def with_ready_standby(srv, timeout: float = 120) -> dict:

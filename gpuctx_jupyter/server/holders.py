@@ -424,7 +424,7 @@ def install(serverapp, mount_route: bool = True) -> Holders:
                        warning_s=values["cull_warning_seconds"])
     holders.consumers += [pressure, culler]
     if pool is not None:
-        pool.holders = holders  # the reserve's memory floor, and what each standby holds
+        pool.reserve.holders = holders  # the pool's memory floors, and what each standby holds
     plain = api.snapshot
 
     def snapshot_with_holders(sample):

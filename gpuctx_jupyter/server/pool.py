@@ -6,7 +6,7 @@ each kernelspec that a running GPU notebook uses, and none while no such noteboo
 with the plan of the notebook it is most likely to replace (the one used last) on that notebook's
 device, started once that notebook's kernel has run `pool_reserve_after` s (so it never competes
 with the notebook's own start), never holding a GPU below `pool_min_free_fraction` free or host
-memory below HOST_FLOOR, and within `pool_gpu_budget_mib`. `pool_size` = N keeps N standbys per
+memory below reserve.HOST_FLOOR, and within `pool_gpu_budget_mib` (reserve.py decides these). `pool_size` = N keeps N standbys per
 `pool_kernelspecs` entry regardless (0: no pool).
 
 Standbys are jupyter_client KernelManagers that the server's MappingKernelManager does not list:
@@ -39,7 +39,6 @@ from ..contract import (
     DEVICE,
     REQUEST,
     SESSION,
-    WARM,
     WarmPlan,
     notebook_wants_gpu,
     opted_out,
@@ -47,6 +46,7 @@ from ..contract import (
 )
 from . import jupyter_internals as internals
 from . import kernel_client
+from .reserve import RESERVE, WARMED_KERNEL_MIB, Reserve
 from .tasks import Background
 
 # Read once, when CUDA (or the framework) starts: a standby started with other values cannot
@@ -57,11 +57,7 @@ CUDA_STARTUP_VARS = (
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
 EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no standby is started for this long
-WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
-RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
-HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
-WANTS_TTL_S = 5.0  # how long the reading of a notebook (does it use a GPU?) is reused
 REFILL_IDLE_S = 2.0  # an adopted kernel idle this long after its first request: refill now
 HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
@@ -103,26 +99,6 @@ def _standby_ordinal(s: Standby) -> int:
         return 0
 
 
-@dataclass
-class GpuNotebook:
-    """A running notebook that keeps its kernelspec's reserve: the standby is warmed for it."""
-
-    kernel_id: str
-    path: str | None
-    device: str  # the server-assigned device of its kernel ("" when none)
-    activity: object  # its last activity (the newest is the one most likely to restart)
-
-
-def host_memory_available() -> float | None:
-    """The fraction of the host's memory available now (MemAvailable / MemTotal), None if unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line)}
-        return info["MemAvailable"] / info["MemTotal"]
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return None
-
-
 def compatible(standby_env: dict, wanted_env: dict) -> list[str]:
     """The CUDA start-up variables that differ (empty: the standby can serve)."""
     return [v for v in CUDA_STARTUP_VARS if standby_env.get(v) != wanted_env.get(v)]
@@ -146,10 +122,7 @@ class KernelPool:
         self._owned: set = set()  # kernel managers the pool started and still owns (not adopted, not stopped)
         self._paused: dict[int, float] = {}  # GPU ordinal -> no refill there before (time.monotonic())
         self.auto = cfg.pool_size is None  # the automatic reserve
-        self.reserve_for: dict[str, list[GpuNotebook]] = {}  # kernelspec -> its GPU notebooks, newest first
-        self._seen: dict[str, float] = {}  # kernel id -> when the pool first saw it (time.monotonic())
-        self._wants: dict[str, tuple[float, bool]] = {}  # notebook path -> (when read, uses a GPU)
-        self.holders = None  # holders.Holders, once wired: the latest GPU inventory and who holds what
+        self.reserve = Reserve(self.mkm, cfg, self._serves)  # which kernelspecs, for whom; memory floors
         self._short: str | None = None  # why no standby may start now (memory), while that lasts
 
     # -- wiring ---------------------------------------------------------------------------------
@@ -164,7 +137,7 @@ class KernelPool:
         """The kernelspecs the pool keeps standbys for now."""
         if not self.auto:
             return list(self.cfg.pool_kernelspecs)
-        return sorted(set(self.reserve_for) | {s.kernel_name for s in self.standbys})
+        return sorted(set(self.reserve.notebooks) | {s.kernel_name for s in self.standbys})
 
     def target(self, name: str | None = None) -> int:
         """Standbys to keep for kernelspec `name` (None: per kernelspec in use), within the
@@ -172,8 +145,8 @@ class KernelPool:
         if self.cfg.warm_policy == "never":  # standbys are warmed kernels
             return 0
         if self.auto:
-            specs = max(1, len(self.reserve_for))
-            n = RESERVE if name is None or name in self.reserve_for else 0
+            specs = max(1, len(self.reserve.notebooks))
+            n = RESERVE if name is None or name in self.reserve.notebooks else 0
         else:
             specs = max(1, len(self.cfg.pool_kernelspecs))
             n = self.cfg.pool_size
@@ -192,14 +165,14 @@ class KernelPool:
             specs[name] = {"ready": ready, "starting": self._starting.get(name, 0), "failures": health.failures,
                            "error": health.error, "reason": None if ready else self._empty_reason(name, now)}
             if self.auto:
-                specs[name]["wanted_for"] = [nb.path for nb in self.reserve_for.get(name, []) if nb.path]
-        held = self.holders.latest[1] if self.holders is not None else {}
+                specs[name]["wanted_for"] = [nb.path for nb in self.reserve.notebooks.get(name, []) if nb.path]
+        held = self.reserve.held()
         standbys = []
         for s in self.standbys:
             on = held.get(f"standby-{s.pid}", {})
             standbys.append({"kernel_name": s.kernel_name, "pid": s.pid, "ready": s.ready,
                              "age": round(now - s.started, 1), "notebook": s.notebook,
-                             "ordinal": max(on, key=on.get) if on else (_standby_ordinal(s) if self._gpus() else None),
+                             "ordinal": max(on, key=on.get) if on else (_standby_ordinal(s) if self.reserve.gpus() else None),
                              "memory": sum(on.values()) if on else None})
         reason = None
         if self.auto and not self.standbys and not any(self._starting.values()):
@@ -214,15 +187,14 @@ class KernelPool:
             return "the server is shutting down"
         if self.cfg.warm_policy == "never":
             return "warm_policy is 'never': standbys are warmed kernels, so the reserve keeps none"
-        if not self.reserve_for:
-            waiting = [k for k, at in self._seen.items() if now - at < self.cfg.pool_reserve_after]
-            if waiting:
+        if not self.reserve.notebooks:
+            if self.reserve.waiting(now):
                 return (f"a GPU notebook's kernel started: the reserve starts once it has run "
                         f"{self.cfg.pool_reserve_after:g} s")
             return "no GPU notebook is running: the reserve starts once one runs"
         if self._short:
             return self._short
-        for name in self.reserve_for:
+        for name in self.reserve.notebooks:
             why = self._empty_reason(name, now)
             if why:
                 return why
@@ -233,7 +205,7 @@ class KernelPool:
         health = self.health.get(name, SpecHealth())
         if self._closing:
             return "the server is shutting down"
-        if self.auto and name not in self.reserve_for:
+        if self.auto and name not in self.reserve.notebooks:
             return "no GPU notebook of this kernelspec is running"
         if self.target(name) == 0:
             if self.cfg.warm_policy == "never":
@@ -270,12 +242,12 @@ class KernelPool:
     async def _tick(self) -> None:
         now = time.monotonic()
         if self.auto:
-            self.reserve_for = self._gpu_notebooks(now)
-        self._short = self._memory_short()
+            self.reserve.update(now)
+        self._short = self.reserve.short()
         for s in list(self.standbys):
             dead = s.ready and not await ensure_async(s.km.is_alive())
             old = self.cfg.pool_max_age and now - s.started > self.cfg.pool_max_age
-            unwanted = self.auto and s.kernel_name not in self.reserve_for
+            unwanted = self.auto and s.kernel_name not in self.reserve.notebooks
             if dead or old or unwanted:
                 self.standbys.remove(s)
                 if dead:
@@ -298,85 +270,13 @@ class KernelPool:
                 self._starting[name] = self._starting.get(name, 0) + 1
                 self.background.spawn(self._spawn(name), f"starting a standby {name} kernel")
 
-    # -- the automatic reserve ------------------------------------------------------------------
-    def _gpu_notebooks(self, now: float) -> dict[str, list[GpuNotebook]]:
-        """Per kernelspec, the running notebooks that keep a reserve: kernels gpuctx warms (their
-        launch environment carries a warm plan) whose notebook uses a GPU framework, once they
-        have run pool_reserve_after s; the most recently active first."""
-        out: dict[str, list[GpuNotebook]] = {}
-        running = set()
-        for kid in list(self.mkm.list_kernel_ids()):
-            km = internals.get_registered(self.mkm, kid)
-            env = (internals.launch_args(km).get("env") or {}) if km is not None else {}
-            if km is None or WARM not in env or not self._uses_gpu(env):
-                continue
-            running.add(kid)
-            if now - self._seen.setdefault(kid, now) < self.cfg.pool_reserve_after:
-                continue
-            out.setdefault(km.kernel_name, []).append(
-                GpuNotebook(kid, env.get(SESSION), env.get(DEVICE, ""), getattr(km, "last_activity", None)))
-        for gone in set(self._seen) - running:
-            del self._seen[gone]
-        for notebooks in out.values():
-            notebooks.sort(key=lambda nb: _timestamp(nb.activity), reverse=True)
-        return out
-
-    def _uses_gpu(self, env: dict) -> bool:
-        """`_serves`, with each notebook read at most every WANTS_TTL_S (this runs every second)."""
-        if opted_out(env) or self.cfg.warm_policy != "auto":
-            return self._serves(env)
-        path, now = env.get(SESSION) or "", time.monotonic()
-        seen = self._wants.get(path)
-        if seen is None or now - seen[0] > WANTS_TTL_S:
-            seen = self._wants[path] = (now, notebook_wants_gpu(path or None)[0])
-        if len(self._wants) > 1000:  # forget notebooks read long ago
-            self._wants = {k: v for k, v in self._wants.items() if now - v[0] <= WANTS_TTL_S}
-        return seen[1]
-
-    # -- memory floors ----------------------------------------------------------------------------
-    def _gpus(self) -> list:
-        """The GPUs as the holders round last read them (empty before it ran, or without a GPU)."""
-        inv = getattr(self.holders, "inventory", None)
-        return list(getattr(inv, "devices", None) or [])
-
-    def _below_floor(self, ordinal: int, adding: int = 0) -> bool:
-        """Whether GPU `ordinal` has (or, holding `adding` more bytes, would have) less free memory
-        than pool_min_free_fraction of its total."""
-        floor = self.cfg.pool_min_free_fraction
-        for d in self._gpus():
-            r = d.record
-            if d.ordinal == ordinal and floor > 0 and r.memory_total and r.memory_free is not None:
-                return r.memory_free - adding < floor * r.memory_total
-        return False
-
-    def _memory_short(self) -> str | None:
-        """Why no standby may start now: the host's memory, or the GPU the next one would use."""
-        host = host_memory_available()
-        if host is not None and host < HOST_FLOOR:
-            return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
-        if self.holders is not None and self.holders.inventory is None:
-            return "reading the GPUs' memory first"
-        ordinal = self._next_ordinal()
-        if self._below_floor(ordinal, WARMED_KERNEL_MIB * 2**20):
-            return (f"cuda:{ordinal} would have less than {self.cfg.pool_min_free_fraction:.0%} free with a "
-                    f"standby (~{WARMED_KERNEL_MIB} MiB): pool_min_free_fraction keeps it for notebooks")
-        return None
-
-    def _next_ordinal(self) -> int:
-        """The GPU the next standby would warm on: its notebook's server-assigned device, else 0."""
-        for notebooks in self.reserve_for.values():
-            for nb in notebooks:
-                if nb.device.isdigit():
-                    return int(nb.device)
-        return 0
-
     async def _keep_the_floor(self) -> None:
         """Stop the standbys on a GPU whose free memory fell below the floor, and every standby
         when the host runs short of memory."""
-        held = self.holders.latest[1] if self.holders is not None else {}
+        held = self.reserve.held()
         short_host = self._short is not None and self._short.startswith("the host")
         for ordinal in sorted({o for s in self.standbys for o in (held.get(f"standby-{s.pid}") or {})}):
-            if self._below_floor(ordinal):
+            if self.reserve.below_floor(ordinal):
                 await self.evict(ordinal)
         if short_host and self.standbys:
             gone, self.standbys = self.standbys, []
@@ -386,7 +286,7 @@ class KernelPool:
     async def evict(self, ordinal: int) -> int:
         """GPU `ordinal` is short of memory: stop the standbys warmed on it (their plan's device,
         else CUDA's default 0) and refill nowhere for EVICT_PAUSE_S. Returns how many stopped."""
-        held = self.holders.latest[1] if self.holders is not None else {}
+        held = self.reserve.held()
         gone = [s for s in self.standbys
                 if ordinal in (held.get(f"standby-{s.pid}") or {_standby_ordinal(s): 0})]
         for s in gone:
@@ -439,7 +339,7 @@ class KernelPool:
         km = None
         # The automatic reserve warms for the notebook most likely to restart next: its plan
         # (the kernel reads that notebook), on its kernel's device.
-        notebook = (self.reserve_for.get(name) or [None])[0] if self.auto else None
+        notebook = self.reserve.for_kernelspec(name) if self.auto else None
         base = dict(os.environ)
         if notebook is not None and notebook.path:
             base[SESSION] = notebook.path
@@ -696,13 +596,6 @@ def _exit_status(km) -> str:
     process = getattr(getattr(km, "provisioner", None), "process", None)
     code = process.poll() if process is not None and hasattr(process, "poll") else None
     return "its process is gone" if code is None else f"exit code {code}"
-
-
-def _timestamp(when) -> float:
-    try:
-        return when.timestamp()
-    except (AttributeError, OverflowError, OSError, ValueError):
-        return 0.0
 
 
 def _remove_connection_file(km) -> None:

@@ -1,0 +1,143 @@
+"""What the warm pool may keep: the automatic reserve's choice of kernelspecs and notebooks, and
+the memory floors every pool keeps.
+
+The automatic reserve keeps RESERVE standby for each kernelspec that a running GPU notebook uses
+(a kernel gpuctx warms, whose notebook uses a GPU framework, running for `pool_reserve_after` s),
+warmed for the notebook used last on its device. Whatever the mode, no standby starts where it
+would leave a GPU below `pool_min_free_fraction` free or the host below HOST_FLOOR of its memory
+available; the GPUs are read from the holders round (holders.py), never by a sampler of our own.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..contract import DEVICE, SESSION, WARM, notebook_wants_gpu, opted_out
+from . import jupyter_internals as internals
+
+RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
+HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
+WANTS_TTL_S = 5.0  # how long the reading of a notebook (does it use a GPU?) is reused
+WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
+
+
+@dataclass
+class GpuNotebook:
+    """A running notebook that keeps its kernelspec's reserve: the standby is warmed for it."""
+
+    kernel_id: str
+    path: str | None
+    device: str  # the server-assigned device of its kernel ("" when none)
+    activity: object  # its last activity (the newest is the one most likely to restart)
+
+
+def host_memory_available() -> float | None:
+    """The fraction of the host's memory available now (MemAvailable / MemTotal), None if unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line)}
+        return info["MemAvailable"] / info["MemTotal"]
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+class Reserve:
+    def __init__(self, mkm, cfg, serves):
+        self.mkm, self.cfg = mkm, cfg
+        self.serves = serves  # env -> whether a warmed kernel fits it (the pool's rule)
+        self.notebooks: dict[str, list[GpuNotebook]] = {}  # kernelspec -> its GPU notebooks, newest first
+        self.holders = None  # holders.Holders, once wired: the latest GPU inventory and who holds what
+        self._seen: dict[str, float] = {}  # kernel id -> when first seen running (time.monotonic())
+        self._wants: dict[str, tuple[float, bool]] = {}  # notebook path -> (when read, uses a GPU)
+
+    # -- which kernelspecs, for which notebook ------------------------------------------------------
+    def update(self, now: float) -> dict[str, list[GpuNotebook]]:
+        """Per kernelspec, the running notebooks that keep a reserve: kernels gpuctx warms (their
+        launch environment carries a warm plan) whose notebook uses a GPU, once they have run
+        pool_reserve_after s; the most recently active first."""
+        out: dict[str, list[GpuNotebook]] = {}
+        running = set()
+        for kid in list(self.mkm.list_kernel_ids()):
+            km = internals.get_registered(self.mkm, kid)
+            env = (internals.launch_args(km).get("env") or {}) if km is not None else {}
+            if km is None or WARM not in env or not self._uses_gpu(env):
+                continue
+            running.add(kid)
+            if now - self._seen.setdefault(kid, now) < self.cfg.pool_reserve_after:
+                continue
+            out.setdefault(km.kernel_name, []).append(
+                GpuNotebook(kid, env.get(SESSION), env.get(DEVICE, ""), getattr(km, "last_activity", None)))
+        for gone in set(self._seen) - running:
+            del self._seen[gone]
+        for notebooks in out.values():
+            notebooks.sort(key=lambda nb: _timestamp(nb.activity), reverse=True)
+        self.notebooks = out
+        return out
+
+    def waiting(self, now: float) -> bool:
+        """A GPU notebook runs, but not yet for pool_reserve_after s."""
+        return any(now - at < self.cfg.pool_reserve_after for at in self._seen.values())
+
+    def for_kernelspec(self, name: str) -> GpuNotebook | None:
+        """The notebook the next standby of `name` is warmed for: the one used last."""
+        return (self.notebooks.get(name) or [None])[0]
+
+    def _uses_gpu(self, env: dict) -> bool:
+        """`serves`, with each notebook read at most every WANTS_TTL_S (this runs every second)."""
+        if opted_out(env) or self.cfg.warm_policy != "auto":
+            return self.serves(env)
+        path, now = env.get(SESSION) or "", time.monotonic()
+        seen = self._wants.get(path)
+        if seen is None or now - seen[0] > WANTS_TTL_S:
+            seen = self._wants[path] = (now, notebook_wants_gpu(path or None)[0])
+        if len(self._wants) > 1000:  # forget notebooks read long ago
+            self._wants = {k: v for k, v in self._wants.items() if now - v[0] <= WANTS_TTL_S}
+        return seen[1]
+
+    # -- memory ------------------------------------------------------------------------------------
+    def gpus(self) -> list:
+        """The GPUs as the holders round last read them (empty before it ran, or without a GPU)."""
+        inv = getattr(self.holders, "inventory", None)
+        return list(getattr(inv, "devices", None) or [])
+
+    def held(self) -> dict[str, dict[int, int]]:
+        """Holder id ("standby-<pid>" for standbys) -> {CUDA ordinal: bytes NVML lists}."""
+        return self.holders.latest[1] if self.holders is not None else {}
+
+    def below_floor(self, ordinal: int, adding: int = 0) -> bool:
+        """Whether GPU `ordinal` has (or, holding `adding` more bytes, would have) less free memory
+        than pool_min_free_fraction of its total."""
+        floor = self.cfg.pool_min_free_fraction
+        for d in self.gpus():
+            r = d.record
+            if d.ordinal == ordinal and floor > 0 and r.memory_total and r.memory_free is not None:
+                return r.memory_free - adding < floor * r.memory_total
+        return False
+
+    def short(self) -> str | None:
+        """Why no standby may start now (the host's memory, or the GPU the next one would use), or None."""
+        host = host_memory_available()
+        if host is not None and host < HOST_FLOOR:
+            return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
+        if self.holders is not None and self.holders.inventory is None:
+            return "reading the GPUs' memory first"
+        ordinal = self.next_ordinal()
+        if self.below_floor(ordinal, WARMED_KERNEL_MIB * 2**20):
+            return (f"cuda:{ordinal} would have less than {self.cfg.pool_min_free_fraction:.0%} free with a "
+                    f"standby (~{WARMED_KERNEL_MIB} MiB): pool_min_free_fraction keeps it for notebooks")
+        return None
+
+    def next_ordinal(self) -> int:
+        """The GPU the next standby would warm on: its notebook's server-assigned device, else 0."""
+        for notebooks in self.notebooks.values():
+            for nb in notebooks:
+                if nb.device.isdigit():
+                    return int(nb.device)
+        return 0
+
+
+def _timestamp(when) -> float:
+    try:
+        return when.timestamp()
+    except (AttributeError, OverflowError, OSError, ValueError):
+        return 0.0
