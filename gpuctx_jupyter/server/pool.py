@@ -275,7 +275,8 @@ class KernelPool:
         when the host runs short of memory."""
         held = self.reserve.held()
         short_host = self._short is not None and self._short.startswith("the host")
-        for ordinal in sorted({o for s in self.standbys for o in (held.get(f"standby-{s.pid}") or {})}):
+        on = {o for s in self.standbys for o in (held.get(f"standby-{s.pid}") or {_standby_ordinal(s): 0})}
+        for ordinal in sorted(on):
             if self.reserve.below_floor(ordinal):
                 await self.evict(ordinal)
         if short_host and self.standbys:
