@@ -57,7 +57,18 @@ OPT_OUT_VALUES = ("0", "false", "off", "never")
 _POLICY_ALIASES = {"1": "always", "true": "always", "on": "always", "0": "never", "false": "never",
                    "off": "never", "": "never"}
 # A notebook uses a GPU framework when a code cell imports one or uses gpuctx's magics.
-_GPU_CODE = re.compile(r"^\s*(?:import|from)\s+(?:torch|cupy|jax|numba)\b|^\s*%%?(?:gpu|on_gpu)\b", re.MULTILINE)
+# The GPU framework a notebook uses when it imports these (the libraries import it themselves):
+# the `auto` policy warms a notebook that imports any of them, and the plan warms that framework.
+FRAMEWORK_OF = {
+    "torch": "torch", "torchvision": "torch", "torchaudio": "torch", "timm": "torch", "transformers": "torch",
+    "lightning": "torch", "pytorch_lightning": "torch", "accelerate": "torch", "diffusers": "torch",
+    "sentence_transformers": "torch", "peft": "torch", "torchmetrics": "torch", "torch_geometric": "torch",
+    "cupy": "cupy", "cupyx": "cupy",
+    "jax": "jax", "jaxlib": "jax", "flax": "jax", "optax": "jax", "equinox": "jax", "haiku": "jax",
+    "numba": "numba",
+}
+_GPU_CODE = re.compile(r"^\s*(?:import|from)\s+(?:" + "|".join(sorted(FRAMEWORK_OF, key=len, reverse=True))
+                       + r")\b|^\s*%%?(?:gpu|on_gpu)\b", re.MULTILINE)
 
 
 def parse_policy(value: str | None) -> str:

@@ -55,14 +55,15 @@ def test_auto_warms_only_notebooks_that_use_a_gpu_framework(server_factory, tmp_
     notebook(tmp_path / "plain.ipynb", "print('hello')")
     notebook(tmp_path / "magic.ipynb", "%gpu use auto")
     notebook(tmp_path / "optout.ipynb", "import torch", metadata={"gpuctx": {"warm": False}})
+    notebook(tmp_path / "library.ipynb", "from transformers import AutoModel")  # a library built on torch
     srv = server_factory()  # auto is the default policy
     states = {}
-    for name in ("train", "plain", "magic", "optout"):
+    for name in ("train", "plain", "magic", "optout", "library"):
         ks = srv.channels(srv.start_kernel(path=f"{name}.ipynb"))
         states[name] = status(ks)
         ks.close()
     assert states["train"]["state"] == "skipped" and states["train"]["source"] == "server hook", states
-    assert states["magic"]["state"] == "skipped"
+    assert states["magic"]["state"] == "skipped" and states["library"]["state"] == "skipped", states
     assert states["plain"]["state"] == "off" and "uses no GPU framework" in states["plain"]["detail"]
     assert states["optout"]["state"] == "off" and "opts out" in states["optout"]["detail"]
 

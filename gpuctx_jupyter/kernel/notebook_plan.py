@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..contract import (
     DEFAULT_OPS,
+    FRAMEWORK_OF,
     NOTEBOOK_FRAMEWORKS,
     code_cells,
     notebook_opts_out,
@@ -64,16 +65,6 @@ SAFE_ENV_PREFIXES = ("XLA_", "JAX_")
 # cannot apply means it must not start CUDA before the notebook does.
 GPU_ENV_PREFIXES = ("CUDA_", "CUBLAS", "CUDNN", "NVIDIA_", "PYTORCH_", "TORCH_CUDA", "XLA_", "JAX_", "CUPY_",
                     "NUMBA_", "NCCL_", "TF_")
-
-# Which GPU framework a top-level package means.
-FRAMEWORK_OF = {
-    "torch": "torch", "torchvision": "torch", "torchaudio": "torch", "timm": "torch", "transformers": "torch",
-    "lightning": "torch", "pytorch_lightning": "torch", "accelerate": "torch", "diffusers": "torch",
-    "sentence_transformers": "torch", "peft": "torch", "torchmetrics": "torch", "torch_geometric": "torch",
-    "cupy": "cupy", "cupyx": "cupy",
-    "jax": "jax", "jaxlib": "jax", "flax": "jax", "optax": "jax", "equinox": "jax", "haiku": "jax",
-    "numba": "numba",
-}
 
 # What the notebook's code says it will run; the first line matching each names the step.
 _SIGNALS = {

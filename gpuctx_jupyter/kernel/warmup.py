@@ -61,8 +61,8 @@ class GpuWarmup(Configurable):
     policy = Enum(
         ["never", "always", "auto"],
         help="""When the kernel warms at start-up. 'always': every kernel. 'auto': only kernels
-        whose notebook uses a GPU framework (imports torch/cupy/jax/numba or uses %gpu /
-        %%on_gpu), and a new, empty notebook's imports (no CUDA): a warmed kernel holds ~630 MiB
+        whose notebook uses a GPU framework (imports torch/cupy/jax/numba or a library built on one, e.g.
+        transformers, or uses %gpu / %%on_gpu), and a new, empty notebook's imports (no CUDA): a warmed kernel holds ~630 MiB
         of GPU memory. 'never': only `%gpu warm`. GPUCTX_WARM=0 in the kernel's environment always
         wins (opt-out).""",
     ).tag(config=True)

@@ -27,7 +27,8 @@ class GpuctxServer(Configurable):
         ["auto", "always", "never"],
         help="""Which kernels that this server starts or restarts pre-warm CUDA.
         'auto' (default): only kernels whose notebook uses a GPU framework (imports torch, cupy,
-        jax or numba, or uses %gpu / %%on_gpu), decided again at every restart — a warmed kernel
+        jax or numba, or a library built on one such as transformers or flax, or uses %gpu /
+        %%on_gpu), decided again at every restart — a warmed kernel
         holds ~630 MiB of GPU memory, which 'auto' spares kernels that never touch the GPU.
         'always': every Python kernel. 'never': none (`%gpu warm` still works by hand).
         Environment default: GPUCTX_SERVER_WARM.""",
