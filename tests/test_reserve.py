@@ -4,6 +4,7 @@ last GPU notebook closes, bounded by memory. No GPU here: the standby warms the 
 from __future__ import annotations
 
 import json
+import sys
 
 from .harness.gpus import NO_GPU
 from .harness.notebooks import notebook
@@ -37,21 +38,29 @@ def kernel_pid(srv, kid: str) -> int:
 
 
 def test_the_reserve_follows_the_gpu_notebooks_from_start_to_close(server_factory, tmp_path):
+    """With a kernelspec of the user's own (not in pool_kernelspecs): the reserve serves any."""
     notebook(tmp_path / "plain.ipynb", "print('no GPU framework here')")
     notebook(tmp_path / "train.ipynb", ["import torch", "model = torch.nn.Linear(4, 2)"])
-    srv = server_factory(NO_DELAY, env=AUTO)
+    spec = tmp_path / "jupyter-data" / "kernels" / "myproj"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "My project", "language": "python"}))
+    srv = server_factory(NO_DELAY, env={**AUTO, "JUPYTER_PATH": str(tmp_path / "jupyter-data")})
     status = pool_status(srv)
     assert status["mode"] == "auto" and status["standbys"] == []
     assert status["reason"] == "no GPU notebook is running: the reserve starts once one runs"
     plain = srv.start_kernel(path="plain.ipynb")
     plain_pid = kernel_pid(srv, plain)
-    train = srv.start_kernel(path="train.ipynb")
+    train = srv.start_kernel(name="myproj", path="train.ipynb")
     train_pid = kernel_pid(srv, train)
 
     # One standby, kept for train.ipynb alone and warmed with its plan.
     status = with_ready_standby(srv)
-    assert status["kernelspecs"]["python3"]["wanted_for"] == [str(tmp_path / "train.ipynb")]
+    assert status["kernelspecs"]["myproj"]["wanted_for"] == [str(tmp_path / "train.ipynb")]
+    assert "python3" not in status["kernelspecs"]  # plain.ipynb's kernelspec keeps none
     [standby] = status["standbys"]
+    assert standby["kernel_name"] == "myproj"
     assert standby["notebook"] == str(tmp_path / "train.ipynb") and standby["pid"] not in (plain_pid, train_pid)
     if NO_GPU:  # it imported torch and holds no GPU memory
         assert standby["ordinal"] is None and standby["memory"] is None

@@ -15,6 +15,7 @@ while a cell runs: see oom.py for why that is safe. User variables are never tou
 """
 from __future__ import annotations
 
+import logging
 import os
 
 from ..contract import (
@@ -29,6 +30,8 @@ from ..contract import (
 )
 from ..core import frameworks as fws
 from . import oom
+
+log = logging.getLogger("gpuctx")
 
 
 def report(magics) -> dict:
@@ -57,12 +60,22 @@ def adopt(ip, content: dict, then=None) -> dict:
     (the notebook the standby was warmed for, or None) carries on with the new notebook's plan."""
     previous = os.environ.get(SESSION)
     os.chdir(content["cwd"])
-    os.environ.update({str(k): str(v) for k, v in (content.get("env") or {}).items()})
+    for name, value in (content.get("env") or {}).items():
+        if value is None:  # the standby had it (its notebook); the new kernel must not
+            os.environ.pop(str(name), None)
+        else:
+            os.environ[str(name)] = str(value)
     os.environ[POOLED] = str(content.get("pooled", ""))
     if SESSION in os.environ:
         ip.user_ns["__session__"] = os.environ[SESSION]
+    else:
+        ip.user_ns.pop("__session__", None)
     if then is not None:
-        then(previous)
+        try:  # optional: a failure here must not undo the hand-over
+            then(previous)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("gpuctx: warming the adopting notebook's plan failed to start: %s: %s",
+                        type(exc).__name__, exc)
     return {"status": "ok", "cwd": os.getcwd()}
 
 

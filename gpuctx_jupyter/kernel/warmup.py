@@ -247,7 +247,11 @@ class Warmer:
 
     def start_after(self, make_plan, source: str = "") -> None:
         """Start `make_plan`'s plan once the warm-up running or scheduled now has ended (a standby
-        handed to another notebook: its own plan first, then that notebook's)."""
+        handed to another notebook: its own plan first, then that notebook's) — unless a cell of
+        the user's has started by then: the user's cells do the rest, and no GPU work of ours
+        (nor an emptied cache) comes after theirs."""
+        cells = self._cells_started
+
         def later():
             while self.running:
                 thread = self._thread
@@ -255,7 +259,10 @@ class Warmer:
                     thread.join(1.0)
                 else:
                     time.sleep(0.05)
-            self.start_plan(make_plan, source=source)
+            with self._cond:
+                if self._cells_started != cells:
+                    return
+                self.start_plan(make_plan, source=source)
 
         threading.Thread(target=later, name="gpuctx-warmup-next", daemon=True).start()
 

@@ -132,13 +132,20 @@ class GpuctxServer(Configurable):
     @default("pool_size")
     def _pool_size_default(self):
         value = os.environ.get("GPUCTX_SERVER_POOL", "auto").strip().lower()
-        return int(value) if value.isdigit() else None
+        if value.isdigit():
+            return int(value)
+        if value in ("0", "off", "false", "no", "never", "none"):
+            return 0
+        if value not in ("", "auto", "on", "true", "yes"):
+            self.log.warning("gpuctx: GPUCTX_SERVER_POOL=%r is neither 'auto', 'off' nor a number: using 'auto'",
+                             value)
+        return None
 
     pool_min_free_fraction = Float(
         0.10,
         help="""Keep at least this fraction of each GPU free of standbys: no standby starts where it
         would leave less, and standbys on a GPU whose free memory falls below it are stopped at
-        once (refilling there waits 5 min). 0: no floor.""",
+        once (then no standby starts for 5 min). 0: no floor.""",
     ).tag(config=True)
 
     pool_reserve_after = Float(

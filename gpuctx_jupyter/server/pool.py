@@ -376,7 +376,7 @@ class KernelPool:
             # ready once it answers kernel_info — a kernel that exits at once never does.
             self.standbys.append(standby)
             await self._until_ready(km)
-            await self._until_warmed(km)
+            await self._until_warmed(standby)
             if standby not in self.standbys:  # adopted (or dropped) while it booted: not ours now
                 return
             standby.ready = True
@@ -420,11 +420,12 @@ class KernelPool:
                 continue
         raise StandbyFailed("the server is shutting down")
 
-    async def _until_warmed(self, km) -> None:
+    async def _until_warmed(self, standby: Standby) -> None:
         """Wait until a standby's warm-up has ended, so that `ready` means GPU-ready (a request
         still takes one that is warming: its first cell then waits only for what is left)."""
+        km = standby.km
         deadline = time.monotonic() + WARM_TIMEOUT_S
-        while not self._closing and time.monotonic() < deadline:
+        while not self._closing and time.monotonic() < deadline and standby in self.standbys:
             try:
                 reply = await kernel_client.request(km, "control", REQUEST, {}, 2.0)
             except kernel_client.NoReply:
@@ -435,14 +436,22 @@ class KernelPool:
                 return
             await asyncio.sleep(0.2)
 
+    def _pooled(self, name: str) -> bool:
+        """Whether kernels of `name` may be served from the pool: any kernelspec the automatic
+        reserve keeps standbys for, else those of pool_kernelspecs."""
+        return self.auto or name in self.cfg.pool_kernelspecs
+
     def _take(self, name: str, env: dict) -> Standby | None:
         """A standby for this request: a ready one first, else one still booting (adopting it
-        waits for it to answer, still sooner than a cold start)."""
+        waits for it to answer, still sooner than a cold start). A kernel with a device of its
+        own (the server's assign_devices) takes only a standby warmed on that device."""
         wanted = env.get(SESSION)
         for s in sorted(self.standbys, key=lambda s: (not s.ready, s.notebook != wanted)):
             if s.kernel_name != name:
                 continue
             differ = compatible(s.env, env)
+            if env.get(DEVICE) and s.env.get(DEVICE) != env.get(DEVICE):
+                differ.append(DEVICE)
             if differ:
                 self.refused.append(f"{', '.join(differ)} differ from the standby's")
                 self.log.info("gpuctx pool: not adopting a standby: %s differ", ", ".join(differ))
@@ -462,7 +471,9 @@ class KernelPool:
     async def start_kernel(self, *args, **kwargs):
         name = kwargs.get("kernel_name") or self.mkm.default_kernel_name
         env = kwargs.get("env") or dict(os.environ)
-        if kwargs.get("kernel_id") or name not in self.cfg.pool_kernelspecs or not self._serves(env):
+        if kwargs.get("kernel_id") or not self._pooled(name) or not self._serves(env):
+            return await ensure_async(self._next_start(*args, **kwargs))
+        if self.cfg.assign_devices != "off":  # the server picks each new kernel's GPU: start it there
             return await ensure_async(self._next_start(*args, **kwargs))
         standby = self._take(name, env)
         if standby is None:
@@ -490,7 +501,7 @@ class KernelPool:
         old = self.mkm.get_kernel(kernel_id)
         launch = internals.launch_args(old)
         env = launch.get("env") or dict(os.environ)
-        fits = old.kernel_name in self.cfg.pool_kernelspecs and self._serves(env)
+        fits = self._pooled(old.kernel_name) and self._serves(env)
         standby = self._take(old.kernel_name, env) if fits else None
         if standby is None:
             return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
@@ -505,11 +516,15 @@ class KernelPool:
             await self._shutdown(standby)
             return await ensure_async(self._next_restart(kernel_id, *args, **kwargs))
         self._owned.discard(standby.km)
-        await asyncio.gather(*(internals.repoint(conn, standby.km) for conn in conns))
         self.adopted[kernel_id] = time.monotonic()
         # The notebook is on its new kernel already; the old process (a CUDA context takes a few
         # hundred ms to tear down) stops in the background, and shutdown_all waits for it.
         self.background.spawn(self._stop_old(old, kernel_id), f"stopping the replaced kernel of {kernel_id}")
+        for conn, result in zip(conns, await asyncio.gather(
+                *(internals.repoint(conn, standby.km) for conn in conns), return_exceptions=True)):
+            if isinstance(result, Exception):  # e.g. a tab closed meanwhile: it reconnects to the new kernel
+                self.log.info("gpuctx pool: re-pointing a connection of %s: %s: %s", kernel_id,
+                              type(result).__name__, result)
         self.log.info("gpuctx pool: kernel %s restarted from the pool (pid %s)", kernel_id, standby.pid)
 
     async def _stop_old(self, old, kernel_id: str) -> None:
@@ -539,6 +554,8 @@ class KernelPool:
         """Tell the standby it now serves this notebook, on its control channel: no cell runs, so
         neither the warm-up nor the user's first cell mistakes the hand-over for one."""
         delta = {k: v for k, v in env.items() if standby.env.get(k) != v and k not in CUDA_STARTUP_VARS}
+        if SESSION in standby.env and SESSION not in env:  # warmed for a notebook; serves none
+            delta[SESSION] = None
         reply = await kernel_client.request(km, "control", ADOPT_REQUEST,
                                             {"cwd": cwd, "env": delta,
                                              "pooled": str(round(time.monotonic() - standby.started, 1))},

@@ -9,7 +9,7 @@ available; the GPUs are read from the holders round (holders.py), never by a sam
 """
 from __future__ import annotations
 
-import time
+import os
 from dataclasses import dataclass
 
 from ..contract import DEVICE, SESSION, WARM, notebook_wants_gpu, opted_out
@@ -17,8 +17,8 @@ from . import jupyter_internals as internals
 
 RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
 HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
-WANTS_TTL_S = 5.0  # how long the reading of a notebook (does it use a GPU?) is reused
-WARMED_KERNEL_MIB = 630  # GPU memory a warmed kernel holds (H200, torch 2.11)
+WARMED_KERNEL_MIB = 630  # GPU memory a kernel warmed with the basic recipe holds (H200, torch 2.11)
+STANDBY_MARGIN_MIB = 1024  # what the floor check counts a new standby at (training plans hold up to ~850)
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Reserve:
         self.notebooks: dict[str, list[GpuNotebook]] = {}  # kernelspec -> its GPU notebooks, newest first
         self.holders = None  # holders.Holders, once wired: the latest GPU inventory and who holds what
         self._seen: dict[str, float] = {}  # kernel id -> when first seen running (time.monotonic())
-        self._wants: dict[str, tuple[float, bool]] = {}  # notebook path -> (when read, uses a GPU)
+        self._wants: dict[str, tuple[tuple, bool]] = {}  # notebook path -> ((mtime, size), uses a GPU)
 
     # -- which kernelspecs, for which notebook ------------------------------------------------------
     def update(self, now: float) -> dict[str, list[GpuNotebook]]:
@@ -83,15 +83,21 @@ class Reserve:
         return (self.notebooks.get(name) or [None])[0]
 
     def _uses_gpu(self, env: dict) -> bool:
-        """`serves`, with each notebook read at most every WANTS_TTL_S (this runs every second)."""
+        """`serves`, reading each notebook again only when it changed on disk (this runs every
+        second, on the server's event loop)."""
         if opted_out(env) or self.cfg.warm_policy != "auto":
             return self.serves(env)
-        path, now = env.get(SESSION) or "", time.monotonic()
+        path = env.get(SESSION) or ""
+        try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            stamp = None  # missing: not a GPU notebook (read_notebook says so too)
         seen = self._wants.get(path)
-        if seen is None or now - seen[0] > WANTS_TTL_S:
-            seen = self._wants[path] = (now, notebook_wants_gpu(path or None)[0])
-        if len(self._wants) > 1000:  # forget notebooks read long ago
-            self._wants = {k: v for k, v in self._wants.items() if now - v[0] <= WANTS_TTL_S}
+        if seen is None or seen[0] != stamp:
+            if len(self._wants) > 1000:
+                self._wants.clear()
+            seen = self._wants[path] = (stamp, stamp is not None and notebook_wants_gpu(path)[0])
         return seen[1]
 
     # -- memory ------------------------------------------------------------------------------------
@@ -121,19 +127,25 @@ class Reserve:
             return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
         if self.holders is not None and self.holders.inventory is None:
             return "reading the GPUs' memory first"
-        ordinal = self.next_ordinal()
-        if self.below_floor(ordinal, WARMED_KERNEL_MIB * 2**20):
-            return (f"cuda:{ordinal} would have less than {self.cfg.pool_min_free_fraction:.0%} free with a "
-                    f"standby (~{WARMED_KERNEL_MIB} MiB): pool_min_free_fraction keeps it for notebooks")
+        for ordinal in self.next_ordinals():
+            if self.below_floor(ordinal, STANDBY_MARGIN_MIB * 2**20):
+                return (f"cuda:{ordinal} would have less than {self.cfg.pool_min_free_fraction:.0%} free with a "
+                        f"standby (~{STANDBY_MARGIN_MIB} MiB): pool_min_free_fraction keeps it for notebooks")
         return None
 
-    def next_ordinal(self) -> int:
-        """The GPU the next standby would warm on: its notebook's server-assigned device, else 0."""
+    def next_ordinals(self) -> set[int]:
+        """The GPUs the next standbys would warm on: for each notebook they are warmed for, its
+        server-assigned device, else the GPUs its kernel holds memory on (where its own code put
+        it), else CUDA's default 0."""
+        held = self.held()
+        out = set()
         for notebooks in self.notebooks.values():
-            for nb in notebooks:
-                if nb.device.isdigit():
-                    return int(nb.device)
-        return 0
+            nb = notebooks[0]
+            if nb.device.isdigit():
+                out.add(int(nb.device))
+            else:
+                out |= set(held.get(nb.kernel_id) or {0})
+        return out or {0}
 
 
 def _timestamp(when) -> float:
