@@ -214,6 +214,11 @@ def notebook_wants_gpu(path: str | None) -> tuple[bool, str]:
 #                             "peak": …}],  # the kernel's last reported allocator figures
 #                 "memory_time": <epoch s of that report, or null>}, …]}
 # Standbys of the warm pool are entries with "standby": true, an id of "standby-<pid>" and no paths.
+def standby_holder_id(pid: int) -> str:
+    """A warm-pool standby's id in the holders file and the server's holder tables."""
+    return f"standby-{pid}"
+
+
 HOLDERS = "GPUCTX_HOLDERS"
 HOLDERS_PREFIX = "gpuctx-holders-"  # + "<server pid>.json"
 HOLDERS_VERSION = 1

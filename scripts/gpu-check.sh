@@ -12,18 +12,7 @@
 # Results (test log, benchmark JSON) go to $OUT when set, else benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The project's environment (`make setup`) when there is one, else python3; PYTHON overrides.
-py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
-export PYTHON="$py"  # the tour and the trace below run on the same one
-results="${OUT:-benchmarks/results}"
-mkdir -p "$results"
-if [ -d .devwheels ] && ls .devwheels/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
-  export PYTHONPATH="/tmp/gpuctx-site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+. scripts/gpu-env.sh  # py, results, PYTHONPATH (the tour and the trace below run on the same py)
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv | tee "$results/nvidia-smi.csv"
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.cuda.device_count())'
 part="${1:-all}"

@@ -16,16 +16,7 @@
 # notebooks-<stamp>-gpu<i>.json per stream and notebooks-merged.json. Set up as scripts/gpu-check.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
-results="${OUT:-benchmarks/results}"
-mkdir -p "$results"
-export PYTHONPATH="$PWD"
-if ! "$py" -c "import jupyter_server" 2>/dev/null; then  # the GPU machine: the Jupyter stack from .devwheels
-  [ -d /tmp/gpuctx-site/jupyter_server ] || "$py" -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
-  export PYTHONPATH="/tmp/gpuctx-site:$PWD"
-fi
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+. scripts/gpu-env.sh  # py, results, PYTHONPATH
 until_s="$1"; shift
 stamp="$(date +%H%M%S)"
 files=()

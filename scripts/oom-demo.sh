@@ -9,16 +9,7 @@
 # Needs torch with CUDA and NVML; gpuctx and the Jupyter packages as for scripts/gpu-check.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
-results="${OUT:-benchmarks/results}"
-mkdir -p "$results"
-if [ -d .devwheels ] && ls .devwheels/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
-  export PYTHONPATH="/tmp/gpuctx-site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
-export PYTHONUNBUFFERED=1
+. scripts/gpu-env.sh  # py, results, PYTHONPATH
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv || true
 timeout 300 "$py" benchmarks/oom_demo.py --json "${1:-$results/oom_demo.json}" 2>&1 | tee "$results/oom_demo.log"
 status=${PIPESTATUS[0]}

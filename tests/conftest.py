@@ -13,7 +13,7 @@ import pytest
 
 from gpuctx_jupyter.core import nvml
 
-from .harness import cache
+from .harness import cache, kernels
 from .harness.gpus import NO_GPU
 from .harness.server import Server, free_port
 from .harness.waiting import wait_for
@@ -123,6 +123,17 @@ def clean_env(monkeypatch):
     for var in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
         monkeypatch.delenv(var, raising=False)
     return os.environ
+
+
+@pytest.fixture(scope="module")
+def loaded_kernel():
+    """A real ipykernel with gpuctx loaded by `%load_ext gpuctx`, shared by a module's tests:
+    (KernelManager, client)."""
+    km, kc = kernels.start()
+    r = kernels.run(kc, "%load_ext gpuctx")
+    assert r.reply["status"] == "ok", r.error
+    yield km, kc
+    kernels.stop(km, kc)
 
 
 @pytest.fixture

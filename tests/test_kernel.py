@@ -4,30 +4,19 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
-from .harness.kernels import reply_to, run, start, stop
+from .harness.kernels import reply_to, run
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    km, kc = start()
-    r = run(kc, "%load_ext gpuctx")
-    assert r.reply["status"] == "ok", r.error
-    yield km, kc
-    stop(km, kc)
-
-
-def test_gpu_list_renders_html_and_text_saying_no_gpu(kernel):
-    _, kc = kernel
+def test_gpu_list_renders_html_and_text_saying_no_gpu(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, "%gpu")
     assert r.reply["status"] == "ok"
     assert "No GPU is visible to this kernel" in r.html
     assert "NVML reports:" in r.text
 
 
-def test_usage_error_is_one_line_without_traceback(kernel):
-    _, kc = kernel
+def test_usage_error_is_one_line_without_traceback(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, "%gpu use 0")
     assert r.reply["status"] == "error"
     assert r.reply["ename"] == "UsageError"
@@ -35,8 +24,8 @@ def test_usage_error_is_one_line_without_traceback(kernel):
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr  # one line, no traceback
 
 
-def test_on_gpu_runs_cell_and_interrupt_restores(kernel):
-    km, kc = kernel
+def test_on_gpu_runs_cell_and_interrupt_restores(loaded_kernel):
+    km, kc = loaded_kernel
     timer = threading.Timer(1.5, km.interrupt_kernel)
     timer.start()
     t0 = time.monotonic()
@@ -47,31 +36,31 @@ def test_on_gpu_runs_cell_and_interrupt_restores(kernel):
     assert r.stdout.strip() == "True None"
 
 
-def test_doctor_names_a_cpu_only_torch_before_it_is_imported(kernel):
-    _, kc = kernel
+def test_doctor_names_a_cpu_only_torch_before_it_is_imported(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, "%gpu doctor\nimport sys\nprint('torch' in sys.modules)")
     assert r.reply["status"] == "ok"
     assert r.stdout.strip() == "False"  # doctor read torch's package metadata, it did not import torch
     assert "2.13.0+cpu is a CPU-only build (read from its installed package; not imported yet)" in r.html
 
 
-def test_on_gpu_without_gpu_warns_on_stdout_not_stderr(kernel):
-    _, kc = kernel
+def test_on_gpu_without_gpu_warns_on_stdout_not_stderr(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, "%%on_gpu 0 --time\nx = 1")
     assert r.reply["status"] == "ok"
     assert r.stdout.startswith("gpuctx warning: no GPU is visible") and "on_gpu: no GPU · wall " in r.stdout
     assert r.stderr == ""  # JupyterLab paints stderr red, as if the cell had failed
 
 
-def test_status_and_doctor_in_kernel(kernel):
-    _, kc = kernel
+def test_status_and_doctor_in_kernel(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, "import torch\n%gpu status\n%gpu doctor")
     assert r.reply["status"] == "ok"
     assert "CPU-only build" in r.html and "gpuctx doctor" in r.html
 
 
-def test_unload_removes_magics(kernel):
-    _, kc = kernel
+def test_unload_removes_magics(loaded_kernel):
+    _, kc = loaded_kernel
     assert run(kc, "%unload_ext gpuctx").reply["status"] == "ok"
     r = run(kc, "%gpu")
     assert r.reply["status"] == "error" and "not found" in r.reply["evalue"]
@@ -79,8 +68,8 @@ def test_unload_removes_magics(kernel):
     assert run(kc, "%gpu").reply["status"] == "ok"
 
 
-def test_kernel_answers_gpuctx_request_on_the_control_channel_while_busy(kernel):
-    km, kc = kernel
+def test_kernel_answers_gpuctx_request_on_the_control_channel_while_busy(loaded_kernel):
+    km, kc = loaded_kernel
     run(kc, "%load_ext gpuctx")
     msg_id = kc.execute("import time; time.sleep(3)")
     time.sleep(0.5)  # the cell is running now

@@ -26,7 +26,7 @@ from gpuctx_jupyter.server.holders import Holders
 from gpuctx_jupyter.server.release import PressureRelease
 
 from .harness.gpus import h200
-from .harness.kernels import reply_to, run, start, stop
+from .harness.kernels import reply_to, run
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 GIB = 2**30
@@ -47,23 +47,14 @@ step()
 """
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    km, kc = start()
-    r = run(kc, "%load_ext gpuctx")
-    assert r.reply["status"] == "ok", r.error
-    yield km, kc
-    stop(km, kc)
-
-
 def ask_release(kc, timeout: float = 30) -> dict:
     msg = kc.session.msg(contract.RELEASE_REQUEST, {})
     kc.control_channel.send(msg)
     return reply_to(kc, msg["header"]["msg_id"], timeout, channel="control")
 
 
-def test_the_kernel_releases_over_its_control_channel_and_keeps_the_notebooks_variables(kernel):
-    _, kc = kernel
+def test_the_kernel_releases_over_its_control_channel_and_keeps_the_notebooks_variables(loaded_kernel):
+    _, kc = loaded_kernel
     r = run(kc, FAIL_IN_A_FUNCTION)
     assert r.reply["status"] == "error"
     assert "gpuctx: torch ran out of GPU memory" in r.stderr or "gpuctx: torch ran out" in r.stderr
@@ -80,8 +71,8 @@ def test_the_kernel_releases_over_its_control_channel_and_keeps_the_notebooks_va
     assert r.stdout.split() == ["[1,", "2,", "3]", "False", "True", "Big"]
 
 
-def test_the_release_is_answered_while_a_cell_runs(kernel):
-    _, kc = kernel
+def test_the_release_is_answered_while_a_cell_runs(loaded_kernel):
+    _, kc = loaded_kernel
     msg_id = kc.execute("import time; time.sleep(4); done = True")
     time.sleep(0.5)
     t0 = time.monotonic()
@@ -91,8 +82,8 @@ def test_the_release_is_answered_while_a_cell_runs(kernel):
     assert run(kc, "print(done)").stdout.strip() == "True"
 
 
-def test_gpu_free_runs_the_same_release(kernel):
-    _, kc = kernel
+def test_gpu_free_runs_the_same_release(loaded_kernel):
+    _, kc = loaded_kernel
     run(kc, FAIL_IN_A_FUNCTION)
     r = run(kc, "%gpu free")
     assert r.stdout.startswith("gpuctx: nothing to free on a GPU: no GPU framework is imported in this kernel "

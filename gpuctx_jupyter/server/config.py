@@ -134,7 +134,7 @@ class GpuctxServer(Configurable):
         value = os.environ.get("GPUCTX_SERVER_POOL", "auto").strip().lower()
         if value.isdigit():
             return int(value)
-        if value in ("0", "off", "false", "no", "never", "none"):
+        if value in ("off", "false", "no", "never", "none"):
             return 0
         if value not in ("", "auto", "on", "true", "yes"):
             self.log.warning("gpuctx: GPUCTX_SERVER_POOL=%r is neither 'auto', 'off' nor a number: using 'auto'",

@@ -157,7 +157,7 @@ class Holders:
             if not pid:
                 continue
             age = max(0.0, mono - getattr(s, "started", mono))
-            out.append(Holder(id=f"standby-{pid}", name=getattr(s, "kernel_name", ""),
+            out.append(Holder(id=contract.standby_holder_id(pid), name=getattr(s, "kernel_name", ""),
                               pids=attribution.kernel_pids(pid, None, children), execution_state="idle",
                               last_activity=now - age, idle_s=age, standby=True))
         return out

@@ -166,10 +166,9 @@ class KernelPool:
                            "error": health.error, "reason": None if ready else self._empty_reason(name, now)}
             if self.auto:
                 specs[name]["wanted_for"] = [nb.path for nb in self.reserve.notebooks.get(name, []) if nb.path]
-        held = self.reserve.held()
         standbys = []
         for s in self.standbys:
-            on = held.get(f"standby-{s.pid}", {})
+            on = self.reserve.held_by(s.pid)
             standbys.append({"kernel_name": s.kernel_name, "pid": s.pid, "ready": s.ready,
                              "age": round(now - s.started, 1), "notebook": s.notebook,
                              "ordinal": max(on, key=on.get) if on else (_standby_ordinal(s) if self.reserve.gpus() else None),
@@ -273,10 +272,8 @@ class KernelPool:
     async def _keep_the_floor(self) -> None:
         """Stop the standbys on a GPU whose free memory fell below the floor, and every standby
         when the host runs short of memory."""
-        held = self.reserve.held()
         short_host = self._short is not None and self._short.startswith("the host")
-        on = {o for s in self.standbys for o in (held.get(f"standby-{s.pid}") or {_standby_ordinal(s): 0})}
-        for ordinal in sorted(on):
+        for ordinal in sorted({o for s in self.standbys for o in self._gpus_of(s)}):
             if self.reserve.below_floor(ordinal):
                 await self.evict(ordinal)
         if short_host and self.standbys:
@@ -284,12 +281,14 @@ class KernelPool:
             self.log.info("gpuctx pool: %s: stopping %d standby(s)", self._short, len(gone))
             await asyncio.gather(*(self._shutdown(s) for s in gone))
 
+    def _gpus_of(self, s: Standby) -> set[int]:
+        """The GPUs a standby holds memory on (NVML), else the one it was planned on."""
+        return set(self.reserve.held_by(s.pid)) or {_standby_ordinal(s)}
+
     async def evict(self, ordinal: int) -> int:
         """GPU `ordinal` is short of memory: stop the standbys warmed on it (their plan's device,
         else CUDA's default 0) and refill nowhere for EVICT_PAUSE_S. Returns how many stopped."""
-        held = self.reserve.held()
-        gone = [s for s in self.standbys
-                if ordinal in (held.get(f"standby-{s.pid}") or {_standby_ordinal(s): 0})]
+        gone = [s for s in self.standbys if ordinal in self._gpus_of(s)]
         for s in gone:
             self.standbys.remove(s)
         self._paused[ordinal] = time.monotonic() + EVICT_PAUSE_S

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..contract import DEVICE, SESSION, WARM, notebook_wants_gpu, opted_out
+from ..contract import DEVICE, SESSION, WARM, notebook_wants_gpu, opted_out, standby_holder_id
 from . import jupyter_internals as internals
 
 RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
@@ -107,8 +107,12 @@ class Reserve:
         return list(getattr(inv, "devices", None) or [])
 
     def held(self) -> dict[str, dict[int, int]]:
-        """Holder id ("standby-<pid>" for standbys) -> {CUDA ordinal: bytes NVML lists}."""
+        """Holder id -> {CUDA ordinal: bytes NVML lists}, as the last holders round found."""
         return self.holders.latest[1] if self.holders is not None else {}
+
+    def held_by(self, standby_pid: int | None) -> dict[int, int]:
+        """{CUDA ordinal: bytes} NVML lists for a standby process."""
+        return self.held().get(standby_holder_id(standby_pid), {}) if standby_pid else {}
 
     def below_floor(self, ordinal: int, adding: int = 0) -> bool:
         """Whether GPU `ordinal` has (or, holding `adding` more bytes, would have) less free memory
