@@ -22,6 +22,7 @@ import pytest
 
 from .harness.browser import (
     LAB_ARGS,
+    debugger_settled,
     kernel_idle,
     open_notebook,
     open_panel,
@@ -377,6 +378,7 @@ def act(page, action: str) -> None:
 def restart_from_the_panel(page) -> None:
     """Restart through the panel; returns once the page has heard of the new kernel (its
     `starting`, or the page's own `restarting`)."""
+    debugger_settled(page)  # not in the middle of JupyterLab's own questions to the kernel
     page.evaluate("() => { window.gpuctxSeen = []; const k = window.jupyterapp.shell.currentWidget.sessionContext"
                   ".session.kernel; k.statusChanged.connect((_, s) => window.gpuctxSeen.push(s)); }")
     act(page, "restart")
@@ -392,6 +394,7 @@ def test_restart_and_shut_down_from_the_panel_log_no_console_error(lab, page, br
     pid = run_cell(page, 0).split()[1]
     restart_from_the_panel(page)
     assert run_cell(page, 0).split()[1] != pid  # a new process: the kernel was really restarted
+    debugger_settled(page)  # as a person would: JupyterLab's debugger is done asking the new kernel
     act(page, "shutdown")
     wait_for(lambda: lab.api("GET", "/api/kernels")[1] == [], timeout=30)  # the server has no kernel left
     wait_js(page, "() => document.querySelector('.jp-gpuctx-status-button').textContent.startsWith('GPU –')")

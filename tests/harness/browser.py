@@ -94,6 +94,53 @@ def kernel_idle(page, timeout: float = 60_000) -> None:
         " return !!k && k.status === 'idle'; }", timeout=timeout)
 
 
+def watch_debugger(page) -> None:
+    """Follow the debug requests the page sends to the current notebook's kernel.
+
+    After a restart JupyterLab's debugger asks the new kernel for its state (`debugInfo`, a few
+    times); a shutdown before such a request is done (its reply and the kernel's idle status for
+    it) makes JupyterLab itself log "Could not restore the debugger state". A person takes longer
+    than that handshake; a test waits for it with `debugger_settled`."""
+    page.evaluate(
+        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;"
+        " const d = window.gpuctxDebug = {open: new Map(), done: 0, restarted: false, available: null};"
+        " const settle = (id, part) => { const r = d.open.get(id); if (!r) return; r[part] = true;"
+        "   if (r.reply && r.idle) { d.open.delete(id); d.done += 1; } };"
+        " k.anyMessage.connect((_, {msg, direction}) => { const t = msg.header.msg_type;"
+        "   const parent = msg.parent_header && msg.parent_header.msg_id;"
+        "   if (direction === 'send' && t === 'debug_request') d.open.set(msg.header.msg_id, {reply: false, idle: false});"
+        "   if (direction === 'recv' && t === 'debug_reply') settle(parent, 'reply');"
+        "   if (direction === 'recv' && t === 'status' && msg.content.execution_state === 'idle') settle(parent, 'idle'); });"
+        " k.statusChanged.connect((_, s) => {"
+        "   if (s === 'restarting') { d.restarted = true; d.done = 0; }"  # the debugger asks again
+        "   if (s === 'idle') k.info.then(i => {"
+        "     d.available = !!i.debugger || (i.supported_features || []).includes('debugger'); }); }); }")
+
+
+def debugger_settled(page, timeout: float = 60_000) -> None:
+    """Wait (after `watch_debugger` and a restart) until the debugger's requests to the new kernel
+    are done, or the kernel says it has no debugger."""
+    page.wait_for_function(
+        "() => { const d = window.gpuctxDebug;"
+        " return d.available === false || (d.open.size === 0 && (!d.restarted || d.done > 0)); }",
+        timeout=timeout)
+
+
+def debugger_settled(page, timeout: float = 60_000) -> None:
+    """Wait until JupyterLab's debugger has no request open on the notebook's kernel.
+
+    Once a kernel is up (after open, restart) JupyterLab's debugger asks it for its state, a chain
+    of `debugInfo` requests; a restart or shutdown before the chain ends makes JupyterLab itself log
+    "Could not restore the debugger state". A person takes longer than that chain; a test waits.
+    The open requests are the kernel connection's own futures, so none sent before this call is
+    missed."""
+    page.wait_for_function(
+        "() => { const nb = window.jupyterapp.shell.currentWidget;"
+        " const k = nb && nb.sessionContext.session && nb.sessionContext.session.kernel;"
+        " return !!k && ![...k._futures.values()].some(f => f.msg.header.msg_type === 'debug_request'); }",
+        timeout=timeout)
+
+
 def screenshot(name: str) -> Path:
     """Where the screenshot `name` goes (the folder is made): build/screenshots/ unless
     GPUCTX_SCREENSHOTS says otherwise."""
