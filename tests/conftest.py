@@ -3,10 +3,13 @@ jupyter_server subprocesses (plain, with the warm pool, behind a Kernel Gateway)
 browser-test module, NVML records for machines without a GPU, and the `gpu` marker's skip rule."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 
 import pytest
@@ -22,6 +25,15 @@ from .harness.waiting import wait_for
 # default; every server the suite starts inherits this and keeps none, so that a test sees only
 # the kernels it starts. Tests about the pool say so (--GpuctxServer.pool_size, or this variable).
 os.environ.setdefault("GPUCTX_SERVER_POOL", "0")
+
+# What Jupyter and IPython keep in the home folder (JupyterLab's settings and workspaces, IPython's
+# history database, the servers' runtime files) is kept per test process: two xdist workers never
+# see one another's theme switch, half-written settings file or locked history.
+_STATE = tempfile.mkdtemp(prefix="gpuctx-tests-home-")
+atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
+for _var, _name in (("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
+                    ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime")):
+    os.environ[_var] = os.path.join(_STATE, _name)
 
 
 def pytest_collection_modifyitems(config, items):

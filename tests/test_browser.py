@@ -19,7 +19,7 @@ from .harness.browser import (
 )
 from .harness.server import Server
 
-NOTEBOOK = notebook_json("sleepy", "import time\ntime.sleep(60)\nprint('slept', 'on')")
+NOTEBOOK = notebook_json("sleepy", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('slept', 'on')")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,8 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     page.keyboard.press("Shift+Enter")
     page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'busy'",
                            timeout=30_000)
-    time.sleep(1)  # inside time.sleep(60) by now
+    page.wait_for_function("() => document.querySelector('.jp-Notebook .jp-OutputArea').textContent"
+                           ".includes('sleeping')", timeout=30_000)  # inside time.sleep(60) now
     started = time.monotonic()
     button = panel.locator('.jp-gpuctx-notebook button[data-action="interrupt"]')
     assert button.get_attribute("aria-label") == "Interrupt the kernel of sleep.ipynb"

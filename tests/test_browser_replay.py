@@ -19,6 +19,7 @@ from .harness.browser import (
     open_panel,
     refreshing_docs,
     screenshot,
+    set_theme,
     shoot,
 )
 from .harness.server import Server
@@ -127,9 +128,7 @@ def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
 
 def test_dark_theme(page, browser):
     panel = open_panel(page)
-    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
-    page.wait_for_function("() => document.body.dataset.jpThemeLight === 'false'", timeout=30_000)
-    page.wait_for_timeout(500)  # the theme's CSS variables settle
+    set_theme(page, "JupyterLab Dark", light=False)
     bg = panel.evaluate("n => getComputedStyle(n).backgroundColor")
     assert re.match(r"rgb\((\d+), (\d+), (\d+)\)", bg) and sum(map(int, re.findall(r"\d+", bg)[:3])) < 3 * 100, bg
     card_bg = panel.locator(".jp-gpuctx-card").first.evaluate("n => getComputedStyle(n).color")
@@ -138,7 +137,7 @@ def test_dark_theme(page, browser):
     fg, bg = banner.evaluate("n => [getComputedStyle(n).color, getComputedStyle(n).backgroundColor]")
     assert contrast(fg, bg) >= 4.5, (fg, bg)  # the replay warning stays readable (WCAG AA)
     shoot(page, panel, screenshot("panel-dark.png"))
-    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    set_theme(page, "JupyterLab Light", light=True)
     assert browser.errors == []
 
 

@@ -157,8 +157,10 @@ def test_in_a_kernel_updates_flow_while_another_cell_runs():
             if busy and msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update":
                 updates += 1
         assert updates >= 2  # the status line ticks every second while the other cell sleeps
-        r = run(kc, "m.close(); import threading, time; time.sleep(0.5)\n"
-                    "print([t.name for t in threading.enumerate() if t.name == 'gpuctx-sampler'])")
+        r = run(kc, "m.close(); import threading, time; deadline = time.monotonic() + 30\n"
+                    "sampling = lambda: [t.name for t in threading.enumerate() if t.name == 'gpuctx-sampler']\n"
+                    "while sampling() and time.monotonic() < deadline: time.sleep(0.05)\n"
+                    "print(sampling())")
         assert r.stdout.strip() == "[]"
     finally:
         stop(km, kc)

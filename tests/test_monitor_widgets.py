@@ -31,7 +31,7 @@ from gpuctx_jupyter.kernel.monitor import (
 )
 
 from .harness.gpus import GIB, h200
-from .harness.kernels import start, stop
+from .harness.kernels import manager, start, stop
 from .harness.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,8 +157,9 @@ def test_a_stopped_monitor_keeps_its_last_frame_and_says_stopped(nvml_records):
         mon.stop()
         card = mon._body.children[0]
         frame = (card.numbers.value, card.plot.value)
+        wait_for(lambda: not mon.sampler.running)  # a read under way when stop() came may finish
         ticks = mon.sampler.ticks
-        time.sleep(0.3)
+        time.sleep(0.3)  # six intervals
         assert mon.sampler.ticks == ticks and not mon.sampler.running  # nothing samples for it any more
         assert (card.numbers.value, card.plot.value) == frame and card.comm is not None
         status = text_of(mon.status.value)
@@ -393,7 +394,7 @@ def test_the_tour_runs_all_and_ends_with_both_monitors_shown_and_stopped(tmp_pat
     from nbclient import NotebookClient
 
     nb = nbformat.read(REPO / "examples" / "tour.ipynb", as_version=4)
-    NotebookClient(nb, timeout=300, kernel_name="python3",
+    NotebookClient(nb, timeout=300, km=manager("python3"),
                    resources={"metadata": {"path": str(REPO / "examples")}}).execute()
     nbformat.write(nb, tmp_path / "tour-run.ipynb")  # for a person to look at when this fails
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]

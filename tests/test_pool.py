@@ -95,8 +95,18 @@ def test_server_shutdown_leaves_no_kernel_process(pool_server):
     srv.start_kernel()
     pids = wait_for(lambda: (lambda p: p if len(p) == 2 else None)(kernel_pids(srv)))
     srv.stop()
-    time.sleep(1)
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+    def running():
+        alive = []
+        for p in pids:
+            try:
+                if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    wait_for(lambda: not running(), timeout=20)
 
 
 def test_a_cuda_start_up_variable_that_differs_refuses_adoption():

@@ -245,13 +245,17 @@ async def test_a_second_action_while_one_is_in_flight_gets_409_and_nothing_fails
     action = lambda name: jp_fetch("gpuctx", "api", "kernels", kid, name, method="POST", body=b"",  # noqa: E731
                                    raise_error=False)
     own = lambda: jp_fetch("api", "kernels", kid, "restart", method="POST", body=b"", raise_error=False)  # noqa: E731
-    answers = await asyncio.gather(action("restart"), action("restart"), action("interrupt"), own(), own())
+    actions = jp_serverapp.web_app.settings["gpuctx"]["actions"]
+    first = asyncio.ensure_future(action("restart"))
+    assert await wait_until(lambda: actions.busy(kid) or first.done()), "the first restart never began"
+    others = await asyncio.gather(action("restart"), action("interrupt"), own(), own())  # while it runs
+    answers = [await first, *others]
     codes = [a.code for a in answers]
     assert codes[0] == 200 and codes[1:3] == [409, 409] and codes[3:] == [200, 200], codes
     for refusal in answers[1:3]:
         assert json.loads(refusal.body)["message"].startswith("an action on this kernel is in progress (restart)")
     assert kernel_pid(jp_serverapp, kid) != before  # restarted once: jupyter_server's own route joined it
-    assert not jp_serverapp.web_app.settings["gpuctx"]["actions"].busy(kid)
+    assert not actions.busy(kid)
     assert (await ask_kernel(jp_fetch, kid))["status"] == "ok"
 
 
@@ -334,8 +338,8 @@ async def test_gpus_hidden_by_cuda_visible_devices_are_listed_apart(jp_fetch, mo
 def test_a_kernel_behind_a_gateway_answers_through_it(server_factory, kernel_gateway):
     """The question travels over the gateway's websocket (which also carries status broadcasts,
     and routes by each message's channel), before and after gpuctx is loaded in the kernel."""
-    srv = server_factory("--GpuctxServer.warm_policy=never", "--GpuctxServer.kernel_query_timeout=1",
-                         f"--GatewayClient.url={kernel_gateway}")
+    srv = server_factory("--GpuctxServer.warm_policy=never", "--GpuctxServer.kernel_query_timeout=5",
+                         f"--GatewayClient.url={kernel_gateway}")  # each ask: a websocket, then a round trip
     kid = srv.start_kernel()
     assert srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]["status"] == "no-answer"
     ks = srv.channels(kid)

@@ -11,6 +11,7 @@ from .harness.kernels import start as kernel_start
 from .harness.kernels import stop as kernel_stop
 from .harness.notebooks import STATUS, kernel_config_env, notebook
 from .harness.notebooks import warm_status as status
+from .harness.waiting import wait_for
 
 HERE = os.path.dirname(__file__)
 
@@ -41,8 +42,13 @@ def test_readiness_does_not_wait_for_the_warm_up(server_factory, tmp_path):
                          env=env)
     ks = srv.channels(srv.start_kernel())
     ks.wait_ready()
-    now = status(ks, wait=0)
-    assert now["state"] == "running" and now["phase"] == "import gpuctx_slow_import", now  # ready while warming
+    # ready while warming: the warm-up reaches the import (held until release) with the kernel
+    # answering all along
+    def in_the_import():
+        now = status(ks, wait=0)
+        return now if now["phase"] == "import gpuctx_slow_import" else None
+
+    assert wait_for(in_the_import, timeout=60, every=0.2)["state"] == "running"
     assert ks.execute("6 * 7").text == "42"  # and cells run meanwhile
     release.write_text("go")
     done = status(ks)

@@ -67,6 +67,7 @@ class Browser:
             self.profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1280, "height": 800},
         )
+        self.context.set_default_timeout(60_000)  # Playwright's 30 s is short for a loaded 2-core machine
         self.errors: list[str] = []
 
     def page(self):
@@ -94,38 +95,6 @@ def kernel_idle(page, timeout: float = 60_000) -> None:
         " return !!k && k.status === 'idle'; }", timeout=timeout)
 
 
-def watch_debugger(page) -> None:
-    """Follow the debug requests the page sends to the current notebook's kernel.
-
-    After a restart JupyterLab's debugger asks the new kernel for its state (`debugInfo`, a few
-    times); a shutdown before such a request is done (its reply and the kernel's idle status for
-    it) makes JupyterLab itself log "Could not restore the debugger state". A person takes longer
-    than that handshake; a test waits for it with `debugger_settled`."""
-    page.evaluate(
-        "() => { const k = window.jupyterapp.shell.currentWidget.sessionContext.session.kernel;"
-        " const d = window.gpuctxDebug = {open: new Map(), done: 0, restarted: false, available: null};"
-        " const settle = (id, part) => { const r = d.open.get(id); if (!r) return; r[part] = true;"
-        "   if (r.reply && r.idle) { d.open.delete(id); d.done += 1; } };"
-        " k.anyMessage.connect((_, {msg, direction}) => { const t = msg.header.msg_type;"
-        "   const parent = msg.parent_header && msg.parent_header.msg_id;"
-        "   if (direction === 'send' && t === 'debug_request') d.open.set(msg.header.msg_id, {reply: false, idle: false});"
-        "   if (direction === 'recv' && t === 'debug_reply') settle(parent, 'reply');"
-        "   if (direction === 'recv' && t === 'status' && msg.content.execution_state === 'idle') settle(parent, 'idle'); });"
-        " k.statusChanged.connect((_, s) => {"
-        "   if (s === 'restarting') { d.restarted = true; d.done = 0; }"  # the debugger asks again
-        "   if (s === 'idle') k.info.then(i => {"
-        "     d.available = !!i.debugger || (i.supported_features || []).includes('debugger'); }); }); }")
-
-
-def debugger_settled(page, timeout: float = 60_000) -> None:
-    """Wait (after `watch_debugger` and a restart) until the debugger's requests to the new kernel
-    are done, or the kernel says it has no debugger."""
-    page.wait_for_function(
-        "() => { const d = window.gpuctxDebug;"
-        " return d.available === false || (d.open.size === 0 && (!d.restarted || d.done > 0)); }",
-        timeout=timeout)
-
-
 def debugger_settled(page, timeout: float = 60_000) -> None:
     """Wait until JupyterLab's debugger has no request open on the notebook's kernel.
 
@@ -139,6 +108,20 @@ def debugger_settled(page, timeout: float = 60_000) -> None:
         " const k = nb && nb.sessionContext.session && nb.sessionContext.session.kernel;"
         " return !!k && ![...k._futures.values()].some(f => f.msg.header.msg_type === 'debug_request'); }",
         timeout=timeout)
+
+
+def set_theme(page, theme: str, light: bool) -> None:
+    """Switch JupyterLab's theme and return once it is in place and the switch is over."""
+    page.evaluate("t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+    page.wait_for_function("l => document.body.dataset.jpThemeLight === String(l)", arg=light, timeout=30_000)
+    # the theme's stylesheet has loaded when the panel's background has the theme's lightness
+    page.wait_for_function(
+        "l => { const m = getComputedStyle(document.querySelector('#gpuctx-panel')).backgroundColor"
+        ".match(/\\d+/g).slice(0, 3).map(Number); const s = m[0] + m[1] + m[2];"
+        " return l ? s > 600 : s < 300; }", arg=light, timeout=30_000)
+    # JupyterLab shows its splash screen while it changes themes and removes it 200 ms after; a
+    # second change before then makes JupyterLab itself throw (removeChild of a node already gone)
+    page.locator("#jupyterlab-splash").wait_for(state="detached")
 
 
 def screenshot(name: str) -> Path:
@@ -166,7 +149,9 @@ def shoot(page, panel, path: Path) -> None:
 def open_panel(page):
     panel = page.locator("#gpuctx-panel")
     if not panel.is_visible():
-        page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]').click()
+        tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]')
+        tab.wait_for(timeout=120_000)  # JupyterLab's first load from a fresh server is slow when loaded
+        tab.click()
     panel.wait_for(state="visible")
     return panel
 

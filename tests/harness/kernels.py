@@ -1,11 +1,14 @@
 """Running code in a real ipykernel started through jupyter_client, the way a frontend does."""
 from __future__ import annotations
 
+import os
 import queue
 import time
+import uuid
 from dataclasses import dataclass, field
 
-from jupyter_client.manager import start_new_kernel
+from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 
 
 @dataclass
@@ -52,11 +55,30 @@ def run(kc, code: str, timeout: float = 60) -> Run:
     return out
 
 
-def start(env: dict | None = None, kernel_name: str = "python3", **kwargs):
-    import os
+def manager(kernel_name: str = "python3") -> KernelManager:
+    """A kernel manager whose kernel listens on Unix sockets in this test process's runtime folder.
 
+    Over TCP, jupyter_client picks free ports and the kernel binds them later: a kernel started
+    meanwhile by the other test worker can take one, and the first dies ("Address already in
+    use"). The servers under test keep TCP, as users run them."""
+    folder = jupyter_runtime_dir()
+    os.makedirs(folder, exist_ok=True)
+    name = f"kernel-{uuid.uuid4().hex[:12]}-ipc"
+    return KernelManager(kernel_name=kernel_name, transport="ipc", ip=os.path.join(folder, name))
+
+
+def start(env: dict | None = None, kernel_name: str = "python3", **kwargs):
+    """A started kernel (its manager) and a client whose channels are ready."""
     full = dict(os.environ, **(env or {}))
-    km, kc = start_new_kernel(kernel_name=kernel_name, env=full, **kwargs)
+    km = manager(kernel_name)
+    km.start_kernel(env=full, **kwargs)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+    except RuntimeError:
+        stop(km, kc)
+        raise
     return km, kc
 
 
@@ -86,6 +108,26 @@ def reply_to(kc, msg_id: str, timeout: float = 30, channel: str = "shell") -> di
             raise TimeoutError(f"no {channel} reply to {msg_id} within {timeout:g} s") from None
         if msg["parent_header"].get("msg_id") == msg_id:
             return msg
+
+
+def wait_output(kc, msg_id: str, text: str, timeout: float = 60) -> None:
+    """Read the kernel's iopub until the cell `msg_id` has printed `text` (so it is running)."""
+    deadline, out = time.monotonic() + timeout, ""
+    while text not in out:
+        try:
+            msg = kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"the cell {msg_id} did not print {text!r} within {timeout:g} s") from None
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+            out += msg["content"]["text"]
+
+
+def held_cell(kc, release) -> str:
+    """Send a cell that runs until the file `release` exists; returns its msg_id once it runs."""
+    msg_id = kc.execute(f"import os, time\nprint('held', flush=True)\n"
+                        f"while not os.path.exists({str(release)!r}): time.sleep(0.02)\ndone = True")
+    wait_output(kc, msg_id, "held")
+    return msg_id
 
 
 async def areply_to(client, msg_id: str, timeout: float = 30, channel: str = "shell") -> dict:
