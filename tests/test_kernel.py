@@ -1,7 +1,6 @@
 """The magics in a real ipykernel process started through jupyter_client (no GPU here)."""
 from __future__ import annotations
 
-
 from .harness.kernels import held_cell, reply_to, run, wait_output
 
 
