@@ -10,6 +10,7 @@ import pytest
 
 from .harness.browser import (
     LAB_ARGS,
+    confirm_action,
     kernel_idle,
     notebook_json,
     open_notebook,
@@ -86,11 +87,7 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     started = time.monotonic()
     button = panel.locator('.jp-gpuctx-notebook button[data-action="interrupt"]')
     assert button.get_attribute("aria-label") == "Interrupt the kernel of sleep.ipynb"
-    button.click()
-    dialog = page.locator(".jp-Dialog")
-    dialog.wait_for(state="visible")
-    assert "Interrupt the kernel of sleep.ipynb?" in dialog.inner_text()
-    dialog.locator("button.jp-mod-accept").click()
+    assert "Interrupt the kernel of sleep.ipynb?" in confirm_action(page, "interrupt")
     output = page.locator(".jp-Notebook .jp-OutputArea-output").first
     output.wait_for(state="visible", timeout=30_000)
     page.wait_for_function("() => document.querySelector('.jp-Notebook .jp-OutputArea').textContent.includes('KeyboardInterrupt')",

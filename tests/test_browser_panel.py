@@ -22,6 +22,8 @@ import pytest
 
 from .harness.browser import (
     LAB_ARGS,
+    TRACE,
+    confirm_action,
     debugger_settled,
     kernel_idle,
     open_notebook,
@@ -34,9 +36,7 @@ from .harness.server import Server
 from .harness.traces import compose_trace
 from .harness.waiting import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"
-TRACE8 = REPO / "tests" / "data" / "h200x8-composed-trace.jsonl"
+TRACE8 = TRACE.parent / "h200x8-composed-trace.jsonl"
 BANNER = "Replay of a recorded trace — not live data"
 OUTAGE = "Lost contact with the Jupyter server; retrying…"
 # Two stream intervals (refreshRate 1 s) make data stale; the rest is slack for a loaded 2-core
@@ -316,11 +316,7 @@ def test_release_cache_from_the_notebook_section_says_what_was_released(page, br
     button = panel.locator('.jp-gpuctx-notebook button[data-action="release"]')
     assert button.inner_text() == "Release cache"
     assert button.get_attribute("aria-label") == "Release the cached GPU memory of plain.ipynb"
-    button.click()
-    dialog = page.locator(".jp-Dialog")
-    dialog.wait_for(state="visible")
-    assert "Release the cached GPU memory of plain.ipynb?" in dialog.inner_text()
-    dialog.locator("button.jp-mod-accept").click()
+    assert "Release the cached GPU memory of plain.ipynb?" in confirm_action(page, "release")
     toast = page.locator(".Toastify__toast", has_text="plain.ipynb")
     toast.wait_for(state="visible", timeout=30_000)
     message = toast.inner_text()
@@ -356,23 +352,13 @@ def test_closing_the_monitor_brings_the_widget_count_back_to_baseline(page, brow
 
 # -- 6. restart and shut down from the panel -------------------------------------------------------
 
-def act(page, action: str) -> None:
-    """Click the notebook section's button for `action` and confirm it."""
-    panel = open_panel(page)
-    panel.locator(f'.jp-gpuctx-notebook button[data-action="{action}"]').click()
-    dialog = page.locator(".jp-Dialog")
-    dialog.wait_for(state="visible")
-    dialog.locator("button.jp-mod-accept").click()
-    dialog.wait_for(state="detached")
-
-
 def restart_from_the_panel(page) -> None:
     """Restart through the panel; returns once the page has heard of the new kernel (its
     `starting`, or the page's own `restarting`)."""
     debugger_settled(page)  # not in the middle of JupyterLab's own questions to the kernel
     page.evaluate("() => { window.gpuctxSeen = []; const k = window.jupyterapp.shell.currentWidget.sessionContext"
                   ".session.kernel; k.statusChanged.connect((_, s) => window.gpuctxSeen.push(s)); }")
-    act(page, "restart")
+    confirm_action(page, "restart")
     wait_js(page, "() => window.gpuctxSeen.some(s => s === 'starting' || s === 'restarting')")
 
 
@@ -386,7 +372,7 @@ def test_restart_and_shut_down_from_the_panel_log_no_console_error(lab, page, br
     restart_from_the_panel(page)
     assert run_cell(page, 0).split()[1] != pid  # a new process: the kernel was really restarted
     debugger_settled(page)  # as a person would: JupyterLab's debugger is done asking the new kernel
-    act(page, "shutdown")
+    confirm_action(page, "shutdown")
     wait_for(lambda: lab.api("GET", "/api/kernels")[1] == [], timeout=30)  # the server has no kernel left
     wait_js(page, "() => document.querySelector('.jp-gpuctx-status-button').textContent.startsWith('GPU –')")
     assert browser.errors == [], STACKS

@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
 from .harness.browser import (
     LAB_ARGS,
+    TRACE,
     notebook_json,
     open_notebook,
     open_panel,
@@ -24,8 +24,6 @@ from .harness.browser import (
 )
 from .harness.server import Server
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"
 BANNER = "Replay of a recorded trace — not live data"
 
 NOTEBOOK = notebook_json("monitor", "# the server loaded gpuctx into this kernel\n"

@@ -170,14 +170,6 @@ def concurrently(calls, workers: int = 20) -> list:
         return list(ex.map(go, calls))
 
 
-def pid_of(srv, kid: str) -> int:
-    ks = srv.channels(kid)
-    try:
-        return int(ks.execute("import os; print(os.getpid())").stdout)
-    finally:
-        ks.close()
-
-
 # -- 1, 3: concurrent actions on one kernel ----------------------------------------------------
 
 def restart_storm(srv, kid: str, n: int = 12) -> list[tuple[str, int, dict]]:
@@ -201,10 +193,10 @@ def test_concurrent_restarts_through_the_pool_lose_no_standby(faulty):
     srv = faulty("--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always")
     ready_standbys(srv)
     kid = srv.start_kernel()
-    before = pid_of(srv, kid)
+    before = srv.kernel_pid(kid)
     ready_standbys(srv)  # refilled after the kernel's first request
     check_storm(restart_storm(srv, kid))
-    after = pid_of(srv, kid)
+    after = srv.kernel_pid(kid)
     assert after != before
     assert [k["id"] for k in srv.api("GET", "/api/kernels")[1]] == [kid]
     assert_clean(srv)
@@ -214,9 +206,9 @@ def test_concurrent_restarts_through_the_pool_lose_no_standby(faulty):
 def test_concurrent_restarts_without_the_pool_leave_no_process(faulty):
     srv = faulty("--GpuctxServer.warm_policy=never")
     kid = srv.start_kernel()
-    before = pid_of(srv, kid)
+    before = srv.kernel_pid(kid)
     check_storm(restart_storm(srv, kid, n=8))
-    assert pid_of(srv, kid) != before
+    assert srv.kernel_pid(kid) != before
     settled(srv)
     assert "Address already in use" not in srv.log()
     # a shutdown asked during a restart waits for it, then happens
@@ -297,7 +289,7 @@ def test_a_kernel_killed_during_its_warm_up_or_a_query_is_reported_dead(faulty, 
     srv = faulty("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_imports=gpuctx_slow_import",
                  "--GpuctxServer.kernel_query_timeout=20", env=env)
     kid = srv.start_kernel()
-    pid = pid_of(srv, kid)  # ready while its warm-up waits
+    pid = srv.kernel_pid(kid)  # ready while its warm-up waits
     blocked = srv.channels(kid)
     blocked.send("execute_request", {"code": "import time; time.sleep(60)", "silent": False,
                                      "store_history": False, "user_expressions": {}, "allow_stdin": False})
@@ -314,7 +306,7 @@ def test_a_kernel_killed_during_its_warm_up_or_a_query_is_reported_dead(faulty, 
     wait_for(lambda: (lambda a: a["status"] == "ok" and a["pid"] != pid)(
         srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]), timeout=60)
     assert srv.api("POST", f"/gpuctx/api/kernels/{kid}/restart")[0] == 200
-    assert pid_of(srv, kid) != pid
+    assert srv.kernel_pid(kid) != pid
     assert_clean(srv)
 
 

@@ -15,15 +15,8 @@ from .harness.waiting import wait_for
 
 
 def kernel_pids(srv) -> set[int]:
-    """Every ipykernel process the server has started (listed kernels and standbys)."""
-    out = set()
-    for child in psutil.Process(srv.proc.pid).children(recursive=True):
-        try:
-            if any("ipykernel" in part for part in child.cmdline()):
-                out.add(child.pid)
-        except psutil.Error:
-            pass
-    return out
+    """Every kernel process the server has started (listed kernels and standbys)."""
+    return set(srv.kernel_processes())
 
 
 def pool_status(srv) -> dict:

@@ -29,14 +29,6 @@ def with_ready_standby(srv, timeout: float = 120) -> dict:
     return status
 
 
-def kernel_pid(srv, kid: str) -> int:
-    ks = srv.channels(kid)
-    try:
-        return int(ks.execute("import os; print(os.getpid())").stdout)
-    finally:
-        ks.close()
-
-
 def test_the_reserve_follows_the_gpu_notebooks_from_start_to_close(server_factory, tmp_path):
     """With a kernelspec of the user's own (not in pool_kernelspecs): the reserve serves any."""
     notebook(tmp_path / "plain.ipynb", "print('no GPU framework here')")
@@ -51,9 +43,9 @@ def test_the_reserve_follows_the_gpu_notebooks_from_start_to_close(server_factor
     assert status["mode"] == "auto" and status["standbys"] == []
     assert status["reason"] == "no GPU notebook is running: the reserve starts once one runs"
     plain = srv.start_kernel(path="plain.ipynb")
-    plain_pid = kernel_pid(srv, plain)
+    plain_pid = srv.kernel_pid(plain)
     train = srv.start_kernel(name="myproj", path="train.ipynb")
-    train_pid = kernel_pid(srv, train)
+    train_pid = srv.kernel_pid(train)
 
     # One standby, kept for train.ipynb alone and warmed with its plan.
     status = with_ready_standby(srv)

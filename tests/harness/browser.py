@@ -9,6 +9,7 @@ from pathlib import Path
 
 CHROMIUM = os.environ.get("GPUCTX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
+TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"  # recorded on 2 x H200, replayed by the labs
 # Screenshots go to a git-ignored folder, so `make test` leaves the tree clean; `make screenshots`
 # points this at docs/img to refresh the README's pictures on purpose.
 SCREENSHOTS = Path(os.environ.get("GPUCTX_SCREENSHOTS") or REPO / "build" / "screenshots")
@@ -154,6 +155,18 @@ def open_panel(page):
         tab.click()
     panel.wait_for(state="visible")
     return panel
+
+
+def confirm_action(page, action: str) -> str:
+    """Click the GPU panel's notebook-section button for `action`, accept JupyterLab's dialog and
+    return the dialog's text (what the user was asked)."""
+    open_panel(page).locator(f'.jp-gpuctx-notebook button[data-action="{action}"]').click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for(state="visible")
+    question = dialog.inner_text()
+    dialog.locator("button.jp-mod-accept").click()
+    dialog.wait_for(state="detached")
+    return question
 
 
 def open_notebook(browser: Browser, lab, name: str):

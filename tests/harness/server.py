@@ -141,6 +141,14 @@ class Server:
         assert status == 201, (status, model)
         return model["kernel"]["id"]
 
+    def kernel_pid(self, kernel_id: str) -> int:
+        """The PID of the process behind `kernel_id`, as the kernel itself says (over its websocket)."""
+        ks = self.channels(kernel_id)
+        try:
+            return int(ks.execute("import os; print(os.getpid())").stdout)
+        finally:
+            ks.close()
+
     def channels(self, kernel_id: str) -> KernelSocket:
         return KernelSocket(self, kernel_id)
 
