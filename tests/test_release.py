@@ -257,23 +257,27 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     assert kernel["id"] == idle_kid and kernel["idle_holder"] is False and kernel["idle_s"] < 600
     assert kernel["cull_at"] == pytest.approx(entry.last_activity + 3600, abs=1) and kernel["cull_warning"] is False
 
-    # 2. an hour later the GPU is short of memory: standbys go first, then the idle kernel's cache
-    clock.now = entry.last_activity + 3000
+    # 2. most of an hour later the GPU is short of memory: standbys go first, then the idle
+    # kernel's cache
+    clock.now = entry.last_activity + 3100
     short = inventory_with({pid: 60 * GIB}, used=137 * GIB)
-    await holders.tick(short)
+    before = next(h for h in (await holders.tick(short))[0] if h.id == idle_kid)
     assert evicted == [0]
     assert [(e["kernel_id"], e["status"]) for e in pressure.history] == [(idle_kid, "ok")]
     assert "less than 5% free" in pressure.history[0]["why"]
-    await holders.tick(short)  # the same idle stretch: not released again
-    assert len(pressure.history) == 1
+    entry = next(h for h in (await holders.tick(short))[0] if h.id == idle_kid)
+    # the same idle stretch: not released again. (The server may record one late start-up message
+    # as activity, ipykernel 7's greeting of its iopub subscriber, which comes late on a loaded
+    # machine: then a new stretch has begun, and with this clock an hour ahead it is long idle.)
+    assert len(pressure.history) == (1 if entry.last_activity == before.last_activity else 2)
     snap = holders.annotate(snapshot.build(short, clock(), (), lambda: snapshot.list_kernels(jp_serverapp, {})),
                             idle_after=600, cull_at=culler.cull_at, cull_warning_s=600)
     kernel = snap["devices"][0]["processes"][0]["kernel"]
-    assert kernel["idle_holder"] is True and kernel["cull_warning"] is True  # 10 min left: the panel warns
+    assert kernel["idle_holder"] is True and kernel["cull_warning"] is True  # < 10 min left: the panel warns
     assert snap["devices"][0]["idle_held"] == 60 * GIB
 
     # 3. past the culling time: the kernel is shut down, once, and its holders entry goes
-    clock.now = entry.last_activity + 3601
+    clock.now = entry.last_activity + 3660
     await holders.tick(short)
     assert culled_ids == [idle_kid] and idle_kid not in mkm
     assert culler.culled[0]["freed"] == 60 * GIB and culler.culled[0]["label"] == "idle.ipynb"
