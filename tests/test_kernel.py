@@ -1,7 +1,8 @@
 """The magics in a real ipykernel process started through jupyter_client (no GPU here)."""
 from __future__ import annotations
 
-from .harness.kernels import held_cell, reply_to, run, wait_output
+from .harness.kernels import held_cell, reply_to, run, wait_idle
+from .harness.waiting import wait_for
 
 
 def test_gpu_list_renders_html_and_text_saying_no_gpu(loaded_kernel):
@@ -21,13 +22,18 @@ def test_usage_error_is_one_line_without_traceback(loaded_kernel):
     assert r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr  # one line, no traceback
 
 
-def test_on_gpu_runs_cell_and_interrupt_restores(loaded_kernel):
+def test_on_gpu_runs_cell_and_interrupt_restores(loaded_kernel, tmp_path):
     km, kc = loaded_kernel
-    msg_id = kc.execute("%%on_gpu 0\nimport time\nstarted = True\nprint('sleeping', flush=True)\ntime.sleep(60)")
-    wait_output(kc, msg_id, "sleeping")  # the cell body runs inside %%on_gpu
+    # the cell writes a file just before its sleep: the interrupt is sent once that file exists, so
+    # it lands in the sleep, not in the cell's output machinery
+    inside = tmp_path / "inside"
+    msg_id = kc.execute(f"%%on_gpu 0\nimport pathlib, time\nstarted = True\npathlib.Path({str(inside)!r}).touch()\n"
+                        "time.sleep(60)")
+    wait_for(inside.exists, timeout=60)  # the cell body runs inside %%on_gpu
     km.interrupt_kernel()
     reply = reply_to(kc, msg_id, timeout=30)  # long before the 60 s sleep ends
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    wait_idle(kc, msg_id)  # done, as a frontend sees it: the next cell is not aborted
     r = run(kc, "print(started, get_ipython()._gpuctx_magics.switcher.choice)")
     assert r.stdout.strip() == "True None"
 

@@ -122,6 +122,20 @@ def wait_output(kc, msg_id: str, text: str, timeout: float = 60) -> None:
             out += msg["content"]["text"]
 
 
+def wait_idle(kc, msg_id: str, timeout: float = 60) -> None:
+    """Read the kernel's iopub until it is idle after the request `msg_id`: only then is the
+    request done (after an error ipykernel aborts what arrives before that)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            msg = kc.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"the kernel was not idle after {msg_id} within {timeout:g} s") from None
+        if (msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "status"
+                and msg["content"]["execution_state"] == "idle"):
+            return
+
+
 def held_cell(kc, release) -> str:
     """Send a cell that runs until the file `release` exists; returns its msg_id once it runs."""
     msg_id = kc.execute(f"import os, time\nprint('held', flush=True)\n"
