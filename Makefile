@@ -53,6 +53,9 @@ endif
 $(STAMP): pyproject.toml labextension/package.json labextension/yarn.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# Reinstalling (pyproject.toml changed) must not write through the link made below into the
+	# build output: install.json there would be packed twice.
+	rm -f $(VENV)/share/jupyter/labextensions/gpuctx-jupyterlab gpuctx_jupyter/labextension/install.json
 	# torch 2.13.0 is a quick CPU build on the project's machines; a GPU machine keeps its own.
 	$(PY) -m pip install -q -e ".[test,lab]" "torch==2.13.0"
 	rm -rf $(VENV)/share/jupyter/labextensions/gpuctx-jupyterlab

@@ -59,7 +59,7 @@ def one_run(srv: Server, cell: str, idle: float) -> dict:
     time.sleep(0.5)  # let NVML's memory figure settle
     used = device_used()
     steady = ks.execute(cell)
-    warm = ks.execute("import json; m = getattr(get_ipython(), '_gpuctx_magics', None)\n"
+    warm = ks.execute("import json; m = getattr(get_ipython(), '_gpuctx', None)\n"
                       "print(json.dumps(m.warmer.status.as_dict() if m else {}))")
     ks.close()
     srv.api("DELETE", f"/api/kernels/{kid}")

@@ -56,7 +56,7 @@ CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 # Run inside the kernel at the end: its warm-up record, its plan and the GPU memory NVML gives it.
 REPORT = ("import json as _j\nfrom gpuctx_jupyter.core import inventory as _inv\n"
-          "_m = getattr(get_ipython(), '_gpuctx_magics', None)\n"
+          "_m = getattr(get_ipython(), '_gpuctx', None)\n"
           "print(_j.dumps({'memory': _inv.process_memory(_inv.take()), "
           "'warmup': _m.warmer.status.as_dict() if _m else None, "
           "'plan': _m.warmer.plan_lines() if _m else [], "

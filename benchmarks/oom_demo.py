@@ -16,8 +16,6 @@ and idle time and ranks "release the cache of holder_cache.ipynb" first; then PO
 /gpuctx/api/kernels/<id>/release for holder_cache.ipynb, and re-runs train.ipynb's allocation,
 which must now succeed. Prints a table and writes JSON (memory before/after, time to release).
 
-If the server extension does not wire the feature itself yet (server/holders.install called from
-extension.load), a --config file does it right after the extension loads; the JSON says which.
 Without a GPU it says so and exits 2.
 """
 from __future__ import annotations
@@ -33,26 +31,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from gpuctx_jupyter import contract  # noqa: E402
+from gpuctx_jupyter.contract import holders as holders_file  # noqa: E402
 from gpuctx_jupyter.core import inventory  # noqa: E402
 from tests.harness.notebooks import notebook  # noqa: E402
 from tests.harness.server import Server  # noqa: E402
 
 GIB = 2**30
-WIRE = """# written by benchmarks/oom_demo.py: wire "who holds my GPU" in if extension.load does not yet
-import gpuctx_jupyter.server.extension as _ext
-from gpuctx_jupyter.server import holders as _holders
-
-_load = _ext.load
-
-
-def _load_and_wire(serverapp):
-    _load(serverapp)
-    _holders.install(serverapp)  # idempotent: a no-op when extension.load has called it
-
-
-_ext.load = _load_and_wire
-"""
 FIGURES = ("import json, os\nfrom gpuctx_jupyter.core import frameworks as _f\n"
            "print(json.dumps({'pid': os.getpid(), 'holders': os.environ.get('GPUCTX_HOLDERS'),"
            " 'memory': [f.as_dict() for f in _f.allocator_figures()]}))")
@@ -76,17 +60,17 @@ def last_json(run) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def wait_for_holders(path: str, kernel_ids: list[str], timeout: float = 60) -> contract.HoldersFile | None:
+def wait_for_holders(path: str, kernel_ids: list[str], timeout: float = 60) -> holders_file.HoldersFile | None:
     """The holders file once it lists every kernel with allocator figures (the server asks them)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        parsed, _ = contract.read_holders({contract.HOLDERS: path})
+        parsed, _ = holders_file.read_holders({holders_file.HOLDERS: path})
         if parsed:
             ready = {k.id for k in parsed.kernels if k.memory_time is not None and k.memory}
             if set(kernel_ids) <= ready:
                 return parsed
         time.sleep(0.5)
-    return contract.read_holders({contract.HOLDERS: path})[0]
+    return holders_file.read_holders({holders_file.HOLDERS: path})[0]
 
 
 def main() -> int:
@@ -111,15 +95,12 @@ def main() -> int:
     extra = min(40 * GIB, hold * 2 // 3 // GIB * GIB)
     out.update(gpu_name=record.name, memory_total=total, hold=hold, extra=extra, used_at_start=record.memory_used)
     root = tempfile.mkdtemp(prefix="gpuctx-oom-demo-")
-    config = os.path.join(root, "wire_holders.py")
-    with open(config, "w") as fh:
-        fh.write(WIRE)
     from pathlib import Path
 
     for name in ("holder_live", "holder_cache", "train"):
         notebook(Path(root) / f"{name}.ipynb", ["import torch"])
     srv = Server(root, ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
-                        "--MappingKernelManager.default_kernel_name=python3", f"--config={config}"])
+                        "--MappingKernelManager.default_kernel_name=python3"])
     srv.start(timeout=120)
     steps: dict[str, float] = {}
     try:
@@ -141,7 +122,6 @@ def main() -> int:
         train_env = last_json(cell(socks["train"], "import torch; torch.cuda.init()\n" + FIGURES))
         holders_path = train_env["holders"]
         out["holders_file"] = holders_path
-        out["wired_by"] = "extension.load" if _wired_natively() else "the demo's --config (holders.install)"
         if not holders_path:
             raise RuntimeError("train.ipynb's kernel has no GPUCTX_HOLDERS: the server did not wire the holders file")
         time.sleep(args.idle)  # the two holders idle, as notebooks left open do
@@ -205,15 +185,6 @@ def main() -> int:
         print(f"  {'✓' if ok else '✗'} {name}")
     print(f"JSON: {args.json}")
     return 0 if out.get("checks") and all(out["checks"].values()) else 1
-
-
-def _wired_natively() -> bool:
-    """Whether extension.load installs the feature itself (then the --config wiring is a no-op)."""
-    import inspect
-
-    from gpuctx_jupyter.server import extension
-
-    return "holders" in inspect.getsource(extension.load)
 
 
 if __name__ == "__main__":

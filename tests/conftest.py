@@ -232,3 +232,16 @@ def browser():
     b = Browser()
     yield b
     b.close()
+
+
+@pytest.fixture
+def faulty(server_factory, tmp_path):
+    """Real servers whose kernels' connection files go to a runtime folder of their own."""
+    runtime = tmp_path / "runtime"
+
+    def make(*args, env=None):
+        srv = server_factory(*args, env={"JUPYTER_RUNTIME_DIR": str(runtime), **(env or {})})
+        srv.runtime = str(runtime)
+        return srv
+
+    return make

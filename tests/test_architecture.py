@@ -26,16 +26,21 @@ def test_the_layer_contracts_hold():
     assert "0 broken" in run.stdout
 
 
-def test_a_server_module_importing_the_kernel_side_breaks_the_layers_contract(tmp_path):
+def lint_with(tmp_path: Path, module: str, line: str) -> subprocess.CompletedProcess:
+    """lint-imports on a copy of the package where `module` (a path under it) has `line` added."""
     shutil.copytree(ROOT / "gpuctx_jupyter", tmp_path / "gpuctx_jupyter",
                     ignore=shutil.ignore_patterns("labextension", "__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    pool = tmp_path / "gpuctx_jupyter" / "server" / "pool.py"
-    pool.write_text(pool.read_text() + "\nfrom ..kernel import warmup  # noqa\n")
-    run = lint(tmp_path)
+    path = tmp_path / "gpuctx_jupyter" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa\n")
+    return lint(tmp_path)
+
+
+def test_a_server_module_importing_the_kernel_side_breaks_the_layers_contract(tmp_path):
+    run = lint_with(tmp_path, "server/pool.py", "from ..kernel.warm import scheduler")
     assert run.returncode != 0
     assert "Layers: the kernel side and the server side" in run.stdout and "BROKEN" in run.stdout
-    assert "gpuctx_jupyter.server.pool -> gpuctx_jupyter.kernel.warmup" in run.stdout
+    assert "gpuctx_jupyter.server.pool -> gpuctx_jupyter.kernel.warm.scheduler" in run.stdout
 
 
 def test_jupyter_server_still_has_what_the_warm_pool_reaches_into():
@@ -46,7 +51,7 @@ def test_jupyter_server_still_has_what_the_warm_pool_reaches_into():
 
 def test_importing_the_server_side_loads_no_kernel_code_and_leaves_logging_alone():
     code = ("import logging, sys\n"
-            "import gpuctx_jupyter.server.extension, gpuctx_jupyter.server.pool, gpuctx_jupyter.server.kernel_hook\n"
+            "import gpuctx_jupyter.server.extension, gpuctx_jupyter.server.pool, gpuctx_jupyter.server.launch\n"
             "log = logging.getLogger('gpuctx')\n"
             "print(sorted(m for m in sys.modules if m.startswith(('gpuctx_jupyter.kernel', 'IPython', 'torch'))))\n"
             "print(log.handlers, log.propagate)\n")
@@ -72,3 +77,49 @@ def test_test_modules_import_the_harness_never_each_other():
                 if name.startswith((".test_", ".conftest", "tests.test_", "tests.conftest")):
                     offenders.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not offenders, offenders
+
+
+def test_a_module_importing_pynvml_outside_core_nvml_breaks_the_nvml_contract(tmp_path):
+    run = lint_with(tmp_path, "server/snapshot.py", "import pynvml")
+    assert run.returncode != 0
+    assert "Only core/nvml.py calls NVML BROKEN" in run.stdout.replace("\n", " ")
+    assert "gpuctx_jupyter.server.snapshot -> pynvml" in run.stdout
+
+
+def documented_modules() -> set[str]:
+    """The module paths the tree in docs/architecture.md names (folders by their indentation)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("## Every module and its one job", 1)[1].split("```", 2)[1]
+    stack: list[tuple[int, str]] = []
+    found = set()
+    for line in block.splitlines():
+        if not line.strip() or line.startswith(" " * 20):  # a description's continuation
+            continue
+        indent, name = len(line) - len(line.lstrip()), line.split()[0]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = "/".join([*(p for _, p in stack), name.rstrip("/")])
+        if name.endswith("/"):
+            stack.append((indent, name.rstrip("/")))
+        elif name.endswith(".py"):
+            found.add(path)
+    return found
+
+
+def _only_a_docstring(path: Path) -> bool:
+    """A package marker that holds nothing but its docstring."""
+    import ast
+
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+                                              for n in body)
+
+
+def test_every_module_is_listed_in_docs_architecture():
+    listed = documented_modules()
+    package = ROOT / "gpuctx_jupyter"
+    actual = {f"gpuctx_jupyter/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")
+              if "labextension" not in p.parts and not _only_a_docstring(p)}
+    assert not actual - listed, f"docs/architecture.md does not list {sorted(actual - listed)}: say what each is for"
+    assert not (listed - actual - {"gpuctx.py"}), f"docs/architecture.md lists modules that do not exist: " \
+                                                 f"{sorted(listed - actual - {'gpuctx.py'})}"

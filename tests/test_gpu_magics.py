@@ -23,7 +23,7 @@ def test_list_agrees_with_torch_and_nvidia_smi(shell, capsys):
     import torch
 
     torch.cuda.init()
-    report = shell._gpuctx_magics._list_report(inventory.take())
+    report = shell.magics_manager.registry["GpuMagics"]._list_report(inventory.take())
     rows = report.data["devices"]
     assert len(rows) == torch.cuda.device_count() >= 1
     smi = dict(_smi())
@@ -85,7 +85,7 @@ def test_on_gpu_default_time_mem_then_restore(shell, capsys):
     net_mib = float(net.split()[0]) * (1024 if "GiB" in net else 1)
     assert net_mib >= 4.0  # t itself (4 MiB), plus cuBLAS workspace on a first matmul
     assert str(torch.get_default_device()) == "cpu"  # restored
-    assert shell._gpuctx_magics.switcher.choice is None
+    assert shell._gpuctx.switcher.choice is None
 
 
 def test_on_gpu_restores_default_after_exception(shell):
@@ -116,7 +116,7 @@ def test_choice_follows_into_kernel_threads(shell):
     seen = {}
 
     def cell_on_thread():
-        shell._gpuctx_magics.pre_run_cell()
+        shell._gpuctx.before_cell()
         seen["device"] = torch.zeros(1).device
 
     t = threading.Thread(target=cell_on_thread)
@@ -184,7 +184,7 @@ def test_in_a_kernel_framework_imported_later_lands_on_the_choice_and_interrupt_
         timer.start()
         r = run(kc, "%%on_gpu 0 --time\nimport time\nx = torch.ones(3)\ntime.sleep(30)")
         assert r.reply["status"] == "error" and r.reply["ename"] == "KeyboardInterrupt"
-        r = run(kc, "print(get_ipython()._gpuctx_magics.switcher.choice.ordinal, torch.ones(1).device)")
+        r = run(kc, "print(get_ipython()._gpuctx.switcher.choice.ordinal, torch.ones(1).device)")
         assert r.stdout.strip() == "0 cuda:0"
     finally:
         stop(km, kc)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpuctx_jupyter import contract
+from gpuctx_jupyter.contract import holders as hf
 
 from .harness.kernels import reply_to, run, start, stop
 
@@ -55,11 +55,11 @@ def test_the_other_notebook_is_named_and_releasing_its_cache_lets_the_cell_succe
     r = run(other, "import torch\nx = torch.empty(8 * 2**30, dtype=torch.uint8, device='cuda')\ndel x\n" + FIGURES)
     assert r.reply["status"] == "ok", r.stderr
     seen = json.loads(r.stdout.strip().splitlines()[-1])
-    holder = contract.Holder("other-kernel-id", "python3", ("other.ipynb",), frozenset({seen["pid"]}), "idle",
+    holder = hf.Holder("other-kernel-id", "python3", ("other.ipynb",), frozenset({seen["pid"]}), "idle",
                              time.time() - 900, 900, memory=tuple(seen["memory"]), memory_time=time.time())
-    path.write_text(contract.HoldersFile(os.getpid(), time.time(), (holder,),
+    path.write_text(hf.HoldersFile(os.getpid(), time.time(), (holder,),
                                          "/gpuctx/api/kernels/{id}/release").to_json())
-    _, kc = kernels({contract.HOLDERS: str(path)})
+    _, kc = kernels({hf.HOLDERS: str(path)})
     cell = ("import torch\nfree, total = torch.cuda.mem_get_info()\n"
             "need = free + 4 * 2**30\ny = torch.empty(need, dtype=torch.uint8, device='cuda')")
     r = run(kc, cell, timeout=120)
@@ -68,7 +68,7 @@ def test_the_other_notebook_is_named_and_releasing_its_cache_lets_the_cell_succe
     assert "other.ipynb" in block and "8.00 GiB cached" in block and "idle 15 min" in block
     first_fix = block[block.index("fixes, best first:"):].splitlines()[1]
     assert first_fix.startswith("   1. release the cache of other.ipynb (8.00 GiB"), block
-    msg = other.session.msg(contract.RELEASE_REQUEST, {})
+    msg = other.session.msg(hf.RELEASE_REQUEST, {})
     t0 = time.perf_counter()
     other.control_channel.send(msg)
     reply = reply_to(other, msg["header"]["msg_id"], 60, channel="control")["content"]

@@ -83,7 +83,7 @@ def test_threads_start_on_the_chosen_device_and_on_gpu_threads_keep_theirs(kerne
     assert r.reply["status"] == "ok", r.stderr
     r = run(kernel, "print(json.dumps(inside.finish()))")  # after the cell
     assert last_json(r) == {"at_start": 0, "later": 0, "tensor": "cuda:0"}
-    r = run(kernel, "print(json.dumps(get_ipython()._gpuctx_magics.switcher.threads_report()))")
+    r = run(kernel, "print(json.dumps(get_ipython()._gpuctx.switcher.threads_report()))")
     report = last_json(r)
     assert report[0].startswith("threads: follow") and len(report) == 1, report
 
@@ -142,7 +142,7 @@ def test_thread_started_before_use_1_keeps_its_device_and_is_reported(two_gpus, 
     r = run(kernel, "%gpu use 1")
     assert r.reply["status"] == "ok", r.stderr
     r = run(kernel, "late = Parked('late-worker')\n"
-                    "report = get_ipython()._gpuctx_magics.switcher.threads_report()\n"
+                    "report = get_ipython()._gpuctx.switcher.threads_report()\n"
                     "print(json.dumps({'report': report, 'early': early.finish(), 'late': late.finish()}))")
     out = last_json(r)
     assert out["early"] == {"at_start": 0, "later": 0, "tensor": "cuda:0"}
@@ -174,7 +174,7 @@ def test_a_thread_that_sets_its_own_device_keeps_it_and_no_threads_keeps_todays_
                     "    out = []\n"
                     "    t = threading.Thread(target=probe, args=(out, own)); t.start(); t.join()\n"
                     "    return out[0]\n"
-                    "sw = get_ipython()._gpuctx_magics.switcher\n"
+                    "sw = get_ipython()._gpuctx.switcher\n"
                     "seen = [in_thread(), in_thread(own=0)]\n"
                     "sw.follow_threads = False\n"
                     "seen.append(in_thread())\n"

@@ -72,7 +72,7 @@ def test_assigned_device_is_current_and_warmed(tmp_path, mode):
 
 
 # -- the notebook recipe ----------------------------------------------------------------------------
-PLAN = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait(180)\n"
+PLAN = ("import json; m = get_ipython()._gpuctx; m.warmer.wait(180)\n"
         "print(json.dumps({'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict()}))")
 OWN_MEMORY = ("import json; from gpuctx_jupyter.core import inventory\n"
               "print(json.dumps(inventory.process_memory(inventory.take())))")

@@ -34,7 +34,7 @@ def test_on_gpu_runs_cell_and_interrupt_restores(loaded_kernel, tmp_path):
     reply = reply_to(kc, msg_id, timeout=30)  # long before the 60 s sleep ends
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     wait_idle(kc, msg_id)  # done, as a frontend sees it: the next cell is not aborted
-    r = run(kc, "print(started, get_ipython()._gpuctx_magics.switcher.choice)")
+    r = run(kc, "print(started, get_ipython()._gpuctx.switcher.choice)")
     assert r.stdout.strip() == "True None"
 
 

@@ -71,8 +71,7 @@ def machine(request, shell, nvml_records, clean_env, monkeypatch):
         nvml_records([h200(0), h200(1)])
     monkeypatch.chdir(request.config.rootpath)
     yield shell
-    magics = shell._gpuctx_magics
-    magics.warmer.wait(30)
+    shell._gpuctx.warmer.wait(30)
     from gpuctx_jupyter.kernel import monitor
 
     monitor.close_all()
@@ -107,7 +106,7 @@ def test_any_on_gpu_line_runs_the_cell_or_says_what_is_wrong(machine, capsys, li
 def test_the_fast_path_reads_specs_as_parse_spec_does(shell, nvml_records, clean_env, spec):
     nvml_records([h200(0), h200(1)])
     devices = inventory.take().devices
-    fast = shell._gpuctx_magics._fast_ordinal
+    fast = shell.magics_manager.registry["GpuMagics"]._fast_ordinal
     try:
         parsed = read_spec(spec)
     except SpecError as exc:  # the same refusal, word for word, from both
@@ -150,7 +149,7 @@ def test_an_unclosed_quote_in_on_gpu(shell):
 def test_quotes_group_words_and_backslashes_stay(shell, nvml_records, clean_env, capsys):
     nvml_records([h200(0), h200(1)])
     shell.run_line_magic("gpu", 'use "1"')
-    assert shell._gpuctx_magics.switcher.choice.ordinal == 1
+    assert shell._gpuctx.switcher.choice.ordinal == 1
     with pytest.raises(UsageError, match=r"cannot replay C:\\traces\\my trace\.jsonl: "):
         shell.run_line_magic("gpu", r'monitor --replay "C:\traces\my trace.jsonl"')
 

@@ -176,7 +176,7 @@ def test_suggestions_come_from_the_table(shell):
     assert commands.SUBCOMMANDS == ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "help")
     for command in commands.COMMANDS:
         handler = "on_gpu" if command.cell else f"_gpu_{command.name}"
-        assert command.handler == handler and callable(getattr(shell._gpuctx_magics, handler))
+        assert command.handler == handler and callable(getattr(shell.magics_manager.registry["GpuMagics"], handler))
 
 
 def test_readme_command_table_is_the_tables_rendering():
@@ -206,7 +206,7 @@ def test_list_numbers_by_cuda_ordinal_with_smi_index(shell, nvml_records, clean_
 
 def test_list_html_in_notebook(shell, nvml_records, clean_env):
     nvml_records([h200(0), h200(1)])
-    report = shell.user_ns["_gpuctx_magics"] = shell._gpuctx_magics._list_report(
+    report = shell.user_ns["_gpuctx_report"] = shell.magics_manager.registry["GpuMagics"]._list_report(
         __import__("gpuctx_jupyter.core.inventory", fromlist=["take"]).take()
     )
     html = report._repr_html_()
@@ -251,7 +251,7 @@ def test_use_records_choice_and_reports_what_did_not_follow(shell, nvml_records,
 
 def test_on_gpu_restores_after_exception(shell, nvml_records, clean_env, capsys):
     nvml_records([h200(0), h200(1)])
-    magics = shell._gpuctx_magics
+    magics = shell._gpuctx
     result = shell.run_cell("%%on_gpu 1\nseen = __import__('gpuctx_jupyter').kernel.extension\n1/0")
     assert isinstance(result.error_in_exec, ZeroDivisionError)
     assert magics.switcher.choice is None
@@ -262,9 +262,9 @@ def test_on_gpu_restores_after_exception(shell, nvml_records, clean_env, capsys)
 def test_on_gpu_choice_is_in_force_inside_the_cell(shell, nvml_records, clean_env):
     nvml_records([h200(0), h200(1)])
     shell.run_line_magic("gpu", "use 0")
-    result = shell.run_cell("%%on_gpu 1\n_gpuctx_ext = get_ipython()._gpuctx_magics.switcher.choice.ordinal\n_gpuctx_ext")
+    result = shell.run_cell("%%on_gpu 1\n_gpuctx_ext = get_ipython()._gpuctx.switcher.choice.ordinal\n_gpuctx_ext")
     assert result.result == 1
-    assert shell._gpuctx_magics.switcher.choice.ordinal == 0
+    assert shell._gpuctx.switcher.choice.ordinal == 0
 
 
 def test_on_gpu_rejects_bad_spec_without_running(shell, nvml_records, clean_env):
@@ -296,14 +296,15 @@ def test_mixed_devices_hint_under_traceback(shell, capsys):
 def test_load_twice_is_harmless_and_unload_removes_everything(shell):
     shell.run_line_magic("load_ext", "gpuctx_jupyter")
     shell.run_line_magic("load_ext", "gpuctx")
-    magics = shell._gpuctx_magics
-    assert shell.events.callbacks["pre_run_cell"].count(magics.pre_run_cell) == 1
+    state = shell._gpuctx
+    assert shell.events.callbacks["pre_run_cell"].count(state.before_cell) == 1
     shell.run_line_magic("unload_ext", "gpuctx")
     assert "gpu" not in shell.magics_manager.magics["line"]
     assert "on_gpu" not in shell.magics_manager.magics["cell"]
-    assert magics.pre_run_cell not in shell.events.callbacks["pre_run_cell"]
-    assert magics.post_run_cell not in shell.events.callbacks["post_run_cell"]
-    assert magics.import_hook not in sys.meta_path
+    assert "GpuMagics" not in shell.magics_manager.registry and not hasattr(shell, "_gpuctx")
+    assert state.before_cell not in shell.events.callbacks["pre_run_cell"]
+    assert state.after_cell not in shell.events.callbacks["post_run_cell"]
+    assert state.import_hook not in sys.meta_path
     shell.run_line_magic("load_ext", "gpuctx")  # the fixture unloads it again
 
 
@@ -405,7 +406,7 @@ def test_doctor_names_a_bad_device_order_under_its_own_topic(shell, nvml_records
     order = [line for line in lines if re.match(r"[✗!]\s+CUDA_DEVICE_ORDER\s", line)]
     assert len(order) == 1 and "'pci_bus_id'" in order[0]
     assert not any(re.match(r"\S\s+CUDA_VISIBLE_DEVICES\s", line) for line in lines)
-    findings = shell._gpuctx_magics  # the same through the data the report keeps
+    findings = shell._gpuctx  # the same through the data the report keeps
     from gpuctx_jupyter.core import inventory
     from gpuctx_jupyter.kernel import doctor
 
@@ -417,7 +418,7 @@ def test_doctor_names_a_bad_device_order_under_its_own_topic(shell, nvml_records
 # -- threads ------------------------------------------------------------------------------------------
 def test_use_no_threads_and_back(shell, nvml_records, clean_env, capsys):
     nvml_records([h200(0), h200(1)])
-    switcher = shell._gpuctx_magics.switcher
+    switcher = shell._gpuctx.switcher
     gpu(shell, "use 1 --no-threads")
     out = capsys.readouterr().out
     assert switcher.follow_threads is False
@@ -457,7 +458,7 @@ class PerThreadTorch(Framework):
 def test_threads_follow_use_unless_no_threads(shell, nvml_records, clean_env, capsys, monkeypatch):
     nvml_records([h200(0), h200(1)])
     fake = PerThreadTorch()
-    monkeypatch.setattr(shell._gpuctx_magics.switcher, "frameworks", (fake,))
+    monkeypatch.setattr(shell._gpuctx.switcher, "frameworks", (fake,))
 
     def device_in_a_new_thread():
         seen = []
@@ -476,7 +477,7 @@ def test_threads_follow_use_unless_no_threads(shell, nvml_records, clean_env, ca
     assert len(notes) == 3  # said again whenever what happens to threads changes
     gpu(shell, "use --no-threads")  # without a device: only stop following
     assert capsys.readouterr().out.startswith("gpuctx: threads started from now on begin on CUDA's device 0")
-    assert device_in_a_new_thread() == 0 and shell._gpuctx_magics.switcher.choice.ordinal == 1
+    assert device_in_a_new_thread() == 0 and shell._gpuctx.switcher.choice.ordinal == 1
 
 
 def test_follow_threads_is_kernel_config(shell):
@@ -484,7 +485,7 @@ def test_follow_threads_is_kernel_config(shell):
     shell.config.GpuMagics.follow_threads = False
     try:
         shell.run_line_magic("load_ext", "gpuctx")
-        magics = shell._gpuctx_magics
+        magics = shell.magics_manager.registry["GpuMagics"]
         assert magics.follow_threads is False and magics.switcher.follow_threads is False
         magics.follow_threads = True  # e.g. %config GpuMagics.follow_threads = True
         assert magics.switcher.follow_threads is True
@@ -495,7 +496,7 @@ def test_follow_threads_is_kernel_config(shell):
 def test_status_shows_thread_warnings(shell, nvml_records, clean_env, capsys):
     nvml_records([h200(0), h200(1)])
     gpu(shell, "use 1")
-    threads = shell._gpuctx_magics.switcher.threads
+    threads = shell._gpuctx.switcher.threads
     threads.warnings += ["thread 'a' could not be switched to cuda:1 (torch: boom)",
                          "thread 'b' could not be switched to cuda:1 (torch: bang)"]
     capsys.readouterr()
@@ -519,7 +520,7 @@ def test_allocator_figures_feed_status_mem_and_the_kernel_view(shell, nvml_recor
     assert fws.allocator_figures() == [AllocatorFigures("torch", 0, 0, 0, 0),
                                        AllocatorFigures("torch", 1, 2 * GIB, 3 * GIB, 4 * GIB)]
     assert fws.allocator_figures(1) == fws.allocator_figures()[1:] and fws.allocator_figures(5) == []
-    assert kernel_view.report(shell._gpuctx_magics)["memory"] == [
+    assert kernel_view.report(shell._gpuctx)["memory"] == [
         {"framework": "torch", "ordinal": 1, "allocated": 2 * GIB, "reserved": 3 * GIB, "peak": 4 * GIB}]
     monkeypatch.setattr("gpuctx_jupyter.core.inventory._torch_reserved", lambda: {})
     rows = reports.allocator_rows(reports.inventory.take())

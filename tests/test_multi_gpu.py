@@ -23,7 +23,7 @@ LIST = """
 import json, torch
 from gpuctx_jupyter.core import inventory
 torch.cuda.init()
-rows = get_ipython()._gpuctx_magics._list_report(inventory.take()).data["devices"]
+rows = get_ipython().magics_manager.registry['GpuMagics']._list_report(inventory.take()).data["devices"]
 truth = ["GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]
 print(json.dumps({"rows": [[r["ordinal"], r["nvidia_smi_index"], r["uuid"]] for r in rows], "truth": truth}))
 """
@@ -32,7 +32,7 @@ PREDICT = """
 %load_ext gpuctx
 import json
 from gpuctx_jupyter.core import inventory
-rows = get_ipython()._gpuctx_magics._list_report(inventory.take()).data["devices"]
+rows = get_ipython().magics_manager.registry['GpuMagics']._list_report(inventory.take()).data["devices"]
 print(json.dumps([r["uuid"] for r in rows]))
 import torch; torch.cuda.init()
 print(json.dumps(["GPU-" + str(torch.cuda.get_device_properties(i).uuid) for i in range(torch.cuda.device_count())]))

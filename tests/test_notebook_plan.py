@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from gpuctx_jupyter import contract
-from gpuctx_jupyter.kernel import notebook_plan as npl
+from gpuctx_jupyter.kernel.warm import plan as npl
 
 from .harness.notebooks import notebook
 
@@ -331,9 +331,9 @@ def test_basic_recipe_is_the_fixed_one():
 
 # -- the contract ----------------------------------------------------------------------------------
 def test_the_recipe_travels_in_the_warm_plan():
-    plan = contract.WarmPlan(policy="auto", recipe="basic")
+    plan = contract.WarmSettings(policy="auto", recipe="basic")
     env = plan.to_env()
-    assert env[contract.WARM_PLAN] == "basic"
-    assert contract.WarmPlan.from_env(env).recipe == "basic"
-    assert contract.WarmPlan.from_env({}).recipe == "notebook"
+    assert env[contract.WARM_RECIPE] == "basic"
+    assert contract.WarmSettings.from_env(env).recipe == "basic"
+    assert contract.WarmSettings.from_env({}).recipe == "notebook"
     assert contract.parse_recipe("Notebook ") == "notebook" and contract.parse_recipe("bogus") == "notebook"

@@ -15,11 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 from gpuctx_jupyter import contract
+from gpuctx_jupyter.contract import holders as hf
 from gpuctx_jupyter.core import frameworks as fws
 from gpuctx_jupyter.core import inventory
 from gpuctx_jupyter.core.devices import GpuProcess
-from gpuctx_jupyter.kernel import doctor, hints, oom
+from gpuctx_jupyter.kernel import doctor, hints, oom, release
 from gpuctx_jupyter.server import holders as server_holders
+from gpuctx_jupyter.server.launch import kernel_env_defaults
 
 from .harness.gpus import h200
 
@@ -56,19 +58,19 @@ def two_gpus(nvml_records, clean_env):
 
 def holders_file(tmp_path, monkeypatch, kernels, name="gpuctx-holders-1.json") -> str:
     path = tmp_path / name
-    path.write_text(contract.HoldersFile(1, NOW - 2, tuple(kernels), "/base/gpuctx/api/kernels/{id}/release").to_json())
-    monkeypatch.setenv(contract.HOLDERS, str(path))
+    path.write_text(hf.HoldersFile(1, NOW - 2, tuple(kernels), "/base/gpuctx/api/kernels/{id}/release").to_json())
+    monkeypatch.setenv(hf.HOLDERS, str(path))
     return str(path)
 
 
 def notebooks():
-    live = contract.Holder("kid-a", "python3", ("work/analysis.ipynb",), frozenset({A}), "idle", NOW - 7300, 7300,
+    live = hf.Holder("kid-a", "python3", ("work/analysis.ipynb",), frozenset({A}), "idle", NOW - 7300, 7300,
                            memory=({"framework": "torch", "ordinal": 0, "allocated": 60 * GIB,
                                     "reserved": 60 * GIB, "peak": 60 * GIB},), memory_time=NOW - 7000)
-    cached = contract.Holder("kid-b", "python3", ("train.ipynb",), frozenset({B}), "idle", NOW - 900, 900,
+    cached = hf.Holder("kid-b", "python3", ("train.ipynb",), frozenset({B}), "idle", NOW - 900, 900,
                              memory=({"framework": "torch", "ordinal": 0, "allocated": 0,
                                       "reserved": 60 * GIB, "peak": 60 * GIB},), memory_time=NOW - 800)
-    standby = contract.Holder(f"standby-{STANDBY}", "python3", (), frozenset({STANDBY}), "idle", None, 30, standby=True)
+    standby = hf.Holder(f"standby-{STANDBY}", "python3", (), frozenset({STANDBY}), "idle", None, 30, standby=True)
     return [live, cached, standby]
 
 
@@ -123,7 +125,7 @@ def test_a_standby_is_named_as_such_and_this_kernels_figures_and_other_devices_a
 
 def test_without_a_holders_file_other_processes_are_named_by_pid_and_the_reason_is_given(
         two_gpus, monkeypatch, own_figures):
-    monkeypatch.delenv(contract.HOLDERS, raising=False)
+    monkeypatch.delenv(hf.HOLDERS, raising=False)
     text = oom.explain(fake_error("torch"), now=NOW)
     assert f"pid {A} 60.6 GiB" in text
     assert "notebooks cannot be named: this kernel was not started by a gpuctx server (GPUCTX_HOLDERS unset)" in text
@@ -166,7 +168,7 @@ class _Unprintable(RuntimeError):
 def test_junk_in_the_holders_file_never_raises(two_gpus, tmp_path, monkeypatch, own_figures, junk):
     path = tmp_path / "h.json"
     path.write_text(junk)
-    monkeypatch.setenv(contract.HOLDERS, str(path))
+    monkeypatch.setenv(hf.HOLDERS, str(path))
     text = oom.explain(fake_error("torch"), now=NOW)
     assert text.startswith("gpuctx: torch ran out of memory on cuda:0") and len(text.splitlines()) <= 12
 
@@ -189,7 +191,7 @@ def test_without_a_gpu_the_explanation_says_so(nvml_records, clean_env, own_figu
 def test_a_cell_that_does_not_fail_costs_no_io(shell, monkeypatch):
     calls = []
     monkeypatch.setattr(inventory, "take", lambda env=None: calls.append("nvml"))
-    monkeypatch.setattr(contract, "read_holders", lambda env=None: calls.append("holders"))
+    monkeypatch.setattr(hf, "read_holders", lambda env=None: calls.append("holders"))
     monkeypatch.setattr(oom, "explain", lambda *a, **k: calls.append("explain"))
     result = shell.run_cell("x_ok = 1 + 1")
     assert result.success and calls == []
@@ -214,7 +216,7 @@ def test_the_server_writes_a_private_holders_file_that_the_kernel_reads(tmp_path
     assert h.write(notebooks()) is True
     assert stat.S_IMODE(os.stat(h.path).st_mode) == 0o600
     assert h.write(notebooks()) is False  # unchanged: not rewritten
-    parsed, why = contract.read_holders({contract.HOLDERS: h.path})
+    parsed, why = hf.read_holders({hf.HOLDERS: h.path})
     assert why == "" and [k.id for k in parsed.kernels] == ["kid-a", "kid-b", f"standby-{STANDBY}"]
     assert parsed.release_url == "/x/gpuctx/api/kernels/{id}/release" and parsed.kernels[1].cached(0) == 60 * GIB
     assert json.loads(open(h.path).read())["server_pid"] == os.getpid()
@@ -223,11 +225,11 @@ def test_the_server_writes_a_private_holders_file_that_the_kernel_reads(tmp_path
 
 
 def test_kernels_get_the_holders_path_and_jax_preallocation_off_unless_the_user_says():
-    assert server_holders.kernel_env_defaults({}, "/r/h.json", jax_preallocate=False) == {
-        contract.HOLDERS: "/r/h.json", contract.XLA_PREALLOCATE: "false", contract.XLA_SET_BY: "server"}
-    assert server_holders.kernel_env_defaults({contract.XLA_MEM_FRACTION: ".5"}, "/r/h.json", False) == {
-        contract.HOLDERS: "/r/h.json"}
-    assert server_holders.kernel_env_defaults({}, None, jax_preallocate=True) == {}
+    assert kernel_env_defaults({}, "/r/h.json", jax_preallocate=False) == {
+        hf.HOLDERS: "/r/h.json", contract.XLA_PREALLOCATE: "false", contract.XLA_SET_BY: "server"}
+    assert kernel_env_defaults({contract.XLA_MEM_FRACTION: ".5"}, "/r/h.json", False) == {
+        hf.HOLDERS: "/r/h.json"}
+    assert kernel_env_defaults({}, None, jax_preallocate=True) == {}
     assert contract.jax_preallocation({}) == 0.75
     assert contract.jax_preallocation({contract.XLA_PREALLOCATE: "false"}) is None
     assert contract.jax_preallocation({contract.XLA_MEM_FRACTION: "0.3"}) == 0.3
@@ -245,10 +247,10 @@ def test_doctor_names_jax_preallocation_and_its_switch(nvml_records, clean_env, 
 
 
 def test_idle_is_measured_from_the_last_activity_and_busy_kernels_are_not_idle():
-    h = contract.Holder("k", last_activity=NOW - 60, execution_state="idle")
+    h = hf.Holder("k", last_activity=NOW - 60, execution_state="idle")
     assert h.idle_at(NOW, NOW - 30) == 60
-    assert contract.Holder("k", execution_state="busy", last_activity=NOW - 60).idle_at(NOW, NOW) == 0
-    assert contract.Holder("k", idle_s=10).idle_at(NOW, NOW - 5) == 15
+    assert hf.Holder("k", execution_state="busy", last_activity=NOW - 60).idle_at(NOW, NOW) == 0
+    assert hf.Holder("k", idle_s=10).idle_at(NOW, NOW - 5) == 15
     assert oom.duration(59) == "59 s" and oom.duration(3 * 3600 + 65) == "3 h 01 min"
     assert time.time() > 0
 
@@ -269,7 +271,7 @@ class FakeTensor:
 def test_tensors_the_failed_calls_frames_keep_alive_are_counted_and_released(two_gpus, own_figures, monkeypatch):
     import weakref
 
-    monkeypatch.delenv(contract.HOLDERS, raising=False)
+    monkeypatch.delenv(hf.HOLDERS, raising=False)
     refs = []
 
     def step():
@@ -288,7 +290,7 @@ def test_tensors_the_failed_calls_frames_keep_alive_are_counted_and_released(two
     sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
     del error
     try:
-        cleared = oom.drop_failure_references()
+        cleared = release.drop_failure_references()
     finally:
         for name, value in saved.items():
             setattr(sys, name, value)

@@ -13,13 +13,13 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from tornado import web
 from tornado.httpclient import HTTPClientError
 
 from gpuctx_jupyter import contract
+from gpuctx_jupyter.contract.holders import HOLDERS, RELEASE_REPLY, RELEASE_REQUEST, Holder, read_holders
 from gpuctx_jupyter.core.devices import GpuProcess, Visibility, VisibleDevice
 from gpuctx_jupyter.core.inventory import Inventory
-from gpuctx_jupyter.server import holders as holders_module
+from gpuctx_jupyter.server import extension
 from gpuctx_jupyter.server import release, snapshot
 from gpuctx_jupyter.server.culling import GpuCuller
 from gpuctx_jupyter.server.holders import Holders
@@ -48,7 +48,7 @@ step()
 
 
 def ask_release(kc, timeout: float = 30) -> dict:
-    msg = kc.session.msg(contract.RELEASE_REQUEST, {})
+    msg = kc.session.msg(RELEASE_REQUEST, {})
     kc.control_channel.send(msg)
     return reply_to(kc, msg["header"]["msg_id"], timeout, channel="control")
 
@@ -61,7 +61,7 @@ def test_the_kernel_releases_over_its_control_channel_and_keeps_the_notebooks_va
     r = run(kc, "print(hasattr(sys, 'last_value'), refs[0]() is not None)")
     assert r.stdout.split() == ["True", "True"]  # the failure keeps the local object alive
     reply = ask_release(kc)
-    assert reply["msg_type"] == contract.RELEASE_REPLY
+    assert reply["msg_type"] == RELEASE_REPLY
     content = reply["content"]
     assert content["status"] == "ok" and content["pid"] > 0
     assert "sys.last_value" in content["cleared"] and "sys.last_traceback" in content["cleared"]
@@ -126,10 +126,8 @@ def jp_server_config():
 
 @pytest.fixture
 def wired(jp_serverapp):
-    """The extension with "who holds my GPU" wired in, as extension.load will do (holders.install)."""
-    h = holders_module.install(jp_serverapp)
-    yield h
-    h.stop()
+    """The holders of the extension the server loaded."""
+    return extension.of(jp_serverapp).holders
 
 
 async def _start_kernel(jp_fetch, path: str) -> str:
@@ -163,16 +161,16 @@ async def test_the_release_route_answers_with_the_kernels_reply_and_4xx_json_for
         await jp_fetch("gpuctx", "api", "kernels", kid, "release", method="POST", body="",
                        headers={"Authorization": ""})
     assert err.value.code in (401, 403)
-    jp_serverapp.web_app.settings["gpuctx"]["config"].allow_actions = False
+    extension.of(jp_serverapp).cfg.allow_actions = False
     with pytest.raises(HTTPClientError) as err:
         await jp_fetch("gpuctx", "api", "kernels", kid, "release", method="POST", body="")
     assert err.value.code == 403 and "allow_actions" in json.loads(err.value.response.body)["message"]
     # the kernel was given the holders file and JAX's preallocation off; the API says "no GPU" as before
     env = json.loads((await _run(jp_serverapp, kid, "import os, json; print(json.dumps(dict(os.environ)))")))
-    assert env[contract.HOLDERS] == wired.path and env[contract.XLA_PREALLOCATE] == "false"
+    assert env[HOLDERS] == wired.path and env[contract.XLA_PREALLOCATE] == "false"
     snap = json.loads((await jp_fetch("gpuctx", "api", "devices")).body)
     assert snap["gpu"] is False and snap["holders"]["release_below_free_fraction"] == 0.05
-    assert contract.RELEASE_REQUEST in jp_serverapp.kernel_manager.untracked_message_types
+    assert RELEASE_REQUEST in jp_serverapp.kernel_manager.untracked_message_types
 
 
 async def _run(jp_serverapp, kid: str, code: str) -> str:
@@ -195,11 +193,14 @@ async def _run(jp_serverapp, kid: str, code: str) -> str:
 
 
 def test_negative_times_are_refused_at_start_up():
-    cfg = SimpleNamespace(release_idle_seconds=-5)
-    with pytest.raises(ValueError, match="release_idle_seconds = -5: give 0 .off. or a positive number"):
-        holders_module.setting(cfg, "release_idle_seconds")
-    with pytest.raises(ValueError, match="fraction"):
-        holders_module.setting(SimpleNamespace(release_below_free_fraction=1.5), "release_below_free_fraction")
+    from traitlets import TraitError
+
+    from gpuctx_jupyter.server.config import GpuctxServer
+
+    with pytest.raises(TraitError, match="release_idle_seconds = -5.0: give 0 .off. or a positive number"):
+        GpuctxServer(release_idle_seconds=-5)
+    with pytest.raises(TraitError, match="fraction"):
+        GpuctxServer(release_below_free_fraction=1.5)
 
 
 def inventory_with(pid_sizes: dict[int, int], total: int = 140 * GIB, used: int | None = None) -> Inventory:
@@ -223,7 +224,7 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     mkm = jp_serverapp.kernel_manager
     # gpuctx's release request is not user activity (the extension's UNTRACKED names it once wired;
     # without it, each release would start a new idle stretch and be repeated every round)
-    untracked = [t for t in (contract.RELEASE_REQUEST, contract.RELEASE_REPLY) if t not in mkm.untracked_message_types]
+    untracked = [t for t in (RELEASE_REQUEST, RELEASE_REPLY) if t not in mkm.untracked_message_types]
     mkm.untracked_message_types = [*mkm.untracked_message_types, *untracked]
     idle_kid = await _start_kernel(jp_fetch, "idle.ipynb")
     await _ready(jp_serverapp, idle_kid)
@@ -231,9 +232,10 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     clock = Clock()
     holders = Holders(jp_serverapp, path=str(tmp_path / "holders.json"), clock=clock)
     evicted, culled_ids = [], []
-    pressure = PressureRelease.from_config(jp_serverapp, SimpleNamespace(
-        release_below_free_fraction=0.05, release_idle_seconds=300, release_idle_after=0, release_timeout=10),
-        pool=SimpleNamespace(evict=evicted.append), clock=clock)
+    async def release_kernel(kid):
+        return await release.release(mkm.get_kernel(kid), 10)
+
+    pressure = PressureRelease(0.05, 300, 0, release_kernel, evicted.append, clock=clock)
 
     async def shutdown(kid):
         culled_ids.append(kid)
@@ -248,7 +250,7 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     entry = next(h for h in held if h.id == idle_kid)
     assert entry.paths == ("idle.ipynb",) and pid in entry.pids and by[idle_kid] == {0: 60 * GIB}
     assert entry.memory_time is not None  # the kernel was asked for its allocator figures
-    parsed, _ = contract.read_holders({contract.HOLDERS: holders.path})
+    parsed, _ = read_holders({HOLDERS: holders.path})
     assert [k.paths for k in parsed.kernels if k.id == idle_kid] == [("idle.ipynb",)]
     assert evicted == [] and pressure.history == [] and culled_ids == []
     snap = holders.annotate(snapshot.build(busy_gpu, clock(), (), lambda: snapshot.list_kernels(jp_serverapp, {})),
@@ -286,7 +288,7 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
 
 async def test_a_busy_kernel_is_never_culled_and_culling_off_sets_no_times():
     clock = Clock()
-    h = contract.Holder("k1", paths=("x.ipynb",), pids=frozenset({1}), execution_state="busy",
+    h = Holder("k1", paths=("x.ipynb",), pids=frozenset({1}), execution_state="busy",
                         last_activity=clock.now - 10_000)
     gone = []
     culler = GpuCuller(after=60, shutdown=gone.append, clock=clock)
@@ -298,24 +300,13 @@ async def test_a_busy_kernel_is_never_culled_and_culling_off_sets_no_times():
         GpuCuller(after=-1, shutdown=gone.append)
 
 
-async def test_the_release_answer_refuses_while_another_action_runs():
-    class Actions:
-        def busy(self, kid):
-            return "restart_kernel"
-
-    app = SimpleNamespace(kernel_manager={"k": object()})
-    with pytest.raises(web.HTTPError) as err:
-        await release.release_answer(app, SimpleNamespace(allow_actions=True), "k", actions=Actions())
-    assert err.value.status_code == 409 and "restart" in err.value.log_message
-
-
 def test_the_api_names_a_gpus_last_out_of_memory_error_for_the_panel_to_highlight_its_holders():
     clock = Clock()
     app = SimpleNamespace(runtime_dir="/nonexistent", base_url="/", log=None, kernel_manager=None)
     h = Holders(app, clock=clock)
-    victim = contract.Holder("k-oom", paths=("train.ipynb",), pids=frozenset({11}), execution_state="idle",
+    victim = Holder("k-oom", paths=("train.ipynb",), pids=frozenset({11}), execution_state="idle",
                              last_activity=clock.now - 5)
-    holder = contract.Holder("k-idle", paths=("idle.ipynb",), pids=frozenset({22}), execution_state="idle",
+    holder = Holder("k-idle", paths=("idle.ipynb",), pids=frozenset({22}), execution_state="idle",
                              last_activity=clock.now - 4000,
                              memory=({"framework": "torch", "ordinal": 0, "allocated": 0, "reserved": 60 * GIB},))
     h.latest = ([victim, holder], {"k-oom": {0: GIB}, "k-idle": {0: 61 * GIB}})
@@ -330,16 +321,6 @@ def test_the_api_names_a_gpus_last_out_of_memory_error_for_the_panel_to_highligh
     assert h.annotate(snapshot.build(inv, clock(), ()), idle_after=600)["devices"][0]["oom"] is None
 
 
-WIRE = """import gpuctx_jupyter.server.extension as _ext
-from gpuctx_jupyter.server import holders as _holders
-_load = _ext.load
-def _load_and_wire(serverapp):
-    _load(serverapp)
-    _holders.install(serverapp)
-_ext.load = _load_and_wire
-"""
-
-
 def test_pool_standbys_get_the_same_environment_and_are_still_adopted(pool_server, tmp_path):
     """The holders file's path and JAX's preallocation switch are CUDA start-up variables for the
     pool: a standby started without them could never serve a kernel that has them."""
@@ -348,10 +329,8 @@ def test_pool_standbys_get_the_same_environment_and_are_still_adopted(pool_serve
     from .harness.notebooks import notebook
     from .harness.waiting import wait_for
 
-    config = tmp_path / "wire.py"
-    config.write_text(WIRE)
     notebook(tmp_path / "train.ipynb", "import torch")
-    srv = pool_server(f"--config={config}")
+    srv = pool_server()
     wait_for(lambda: srv.api("GET", "/gpuctx/api/devices")[1]["pool"]["kernelspecs"]["python3"]["ready"], timeout=120)
     standbys = {c.pid for c in psutil.Process(srv.proc.pid).children(recursive=True)}
     kid = srv.start_kernel(path="train.ipynb")
@@ -372,9 +351,9 @@ async def test_automatic_release_idle_after_and_after_an_out_of_memory_error():
         asked.append(kid)
         return {"status": "ok", "released_total": GIB}
 
-    idle = contract.Holder("k1", paths=("a.ipynb",), pids=frozenset({1}), execution_state="idle",
+    idle = Holder("k1", paths=("a.ipynb",), pids=frozenset({1}), execution_state="idle",
                            last_activity=clock.now - 4000)
-    small = contract.Holder("k2", paths=("b.ipynb",), pids=frozenset({2}), execution_state="idle",
+    small = Holder("k2", paths=("b.ipynb",), pids=frozenset({2}), execution_state="idle",
                             last_activity=clock.now - 4000,
                             memory=({"framework": "torch", "ordinal": 0, "allocated": GIB, "reserved": GIB},))
     held = {"k1": {0: 10 * GIB}, "k2": {0: 2 * GIB}}

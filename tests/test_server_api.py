@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import HTTPClientError
 
 from gpuctx_jupyter.core import nvml
+from gpuctx_jupyter.server import extension
 from gpuctx_jupyter.core.sampler import process_sampler
 
 from .harness.gpus import GIB, h200
@@ -173,14 +174,14 @@ async def test_a_kernel_with_gpuctx_answers_with_its_pid(jp_fetch, jp_serverapp)
 
 async def test_what_the_server_keeps_per_kernel_goes_with_the_kernel(jp_fetch, jp_serverapp):
     """A long-running server starts and stops many kernels: nothing of theirs stays behind."""
-    state = jp_serverapp.web_app.settings["gpuctx"]
+    state = extension.of(jp_serverapp)
     first = await start_kernel(jp_fetch)
     assert (await ask_kernel(jp_fetch, first))["status"] == "ok"
-    assert first in state["api"].reported and first in state["kernel_hook"].warmed
+    assert first in state.api.reported and first in state.launcher.launched
     await jp_fetch("api", "kernels", first, method="DELETE")
     second = await start_kernel(jp_fetch)
     assert (await ask_kernel(jp_fetch, second))["status"] == "ok"
-    assert set(state["api"].reported) == {second} and set(state["kernel_hook"].warmed) == {second}
+    assert set(state.api.reported) == {second} and set(state.launcher.launched) == {second}
 
 
 @pytest.mark.parametrize("gpuctx_traits", [{"warm_policy": "never"}])
@@ -201,7 +202,7 @@ async def test_unknown_kernels_and_actions_are_refused_with_a_json_message(jp_fe
     assert code == 404
     kid = await start_kernel(jp_fetch)
     code, body = await refused(jp_fetch, "gpuctx", "api", "kernels", kid, "explode", method="POST", body=b"")
-    assert code == 400 and body["message"] == "unknown action 'explode': use one of interrupt, restart, shutdown"
+    assert code == 400 and body["message"] == "unknown action 'explode': use one of interrupt, restart, shutdown, release"
 
 
 # -- kernel actions ------------------------------------------------------------------------
@@ -212,12 +213,11 @@ async def test_interrupt_stops_a_running_cell(jp_fetch, jp_serverapp):
     client.start_channels()
     try:
         await client.wait_for_ready(timeout=60)
-        msg_id = client.execute("import time; time.sleep(30)")
-        while True:  # the cell is running once the kernel says busy for it
+        msg_id = client.execute("import time; print('sleeping', flush=True); time.sleep(30)")
+        while True:  # the cell is in its sleep once it has said so
             msg = await client.get_iopub_msg(timeout=30)
-            if msg["parent_header"].get("msg_id") == msg_id and msg["content"].get("execution_state") == "busy":
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
                 break
-        await asyncio.sleep(0.3)
         t0 = time.monotonic()
         answer = await get_json(jp_fetch, "gpuctx", "api", "kernels", kid, "interrupt", method="POST", body=b"")
         assert answer == {"status": "ok", "kernel_id": kid, "action": "interrupt"}
@@ -245,14 +245,14 @@ async def test_a_second_action_while_one_is_in_flight_gets_409_and_nothing_fails
     action = lambda name: jp_fetch("gpuctx", "api", "kernels", kid, name, method="POST", body=b"",  # noqa: E731
                                    raise_error=False)
     own = lambda: jp_fetch("api", "kernels", kid, "restart", method="POST", body=b"", raise_error=False)  # noqa: E731
-    actions = jp_serverapp.web_app.settings["gpuctx"]["actions"]
+    actions = extension.of(jp_serverapp).lifecycle.actions
     first = asyncio.ensure_future(action("restart"))
     assert await wait_until(lambda: actions.busy(kid) or first.done()), "the first restart never began"
-    others = await asyncio.gather(action("restart"), action("interrupt"), own(), own())  # while it runs
+    others = await asyncio.gather(action("restart"), action("interrupt"), action("release"), own(), own())
     answers = [await first, *others]
     codes = [a.code for a in answers]
-    assert codes[0] == 200 and codes[1:3] == [409, 409] and codes[3:] == [200, 200], codes
-    for refusal in answers[1:3]:
+    assert codes[0] == 200 and codes[1:4] == [409, 409, 409] and codes[4:] == [200, 200], codes
+    for refusal in answers[1:4]:
         assert json.loads(refusal.body)["message"].startswith("an action on this kernel is in progress (restart)")
     assert kernel_pid(jp_serverapp, kid) != before  # restarted once: jupyter_server's own route joined it
     assert not actions.busy(kid)
@@ -357,7 +357,7 @@ async def test_a_gpu_short_of_memory_evicts_its_standbys_and_pauses_the_refill(j
     warmed on that GPU stops, the pool says why it is empty, and starts no other meanwhile."""
     import psutil
 
-    pool = jp_serverapp.web_app.settings["gpuctx"]["pool"]
+    pool = extension.of(jp_serverapp).pool
     assert await wait_until(lambda: any(s.ready for s in pool.standbys), timeout=120)
     pid = pool.standbys[0].pid
     assert await pool.evict(0) == 1

@@ -84,21 +84,24 @@ def test_gpuctx_warm_0_opts_out(server_factory):
 
 def test_a_failing_warm_up_is_recorded_logged_once_and_the_kernel_works_on(server_factory):
     srv = server_factory("--GpuctxServer.warm_policy=always", "--GpuctxServer.warm_imports=gpuctx_no_such_module")
-    ks = srv.channels(srv.start_kernel())
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
     st = status(ks)
     assert st["state"] == "failed" and "import gpuctx_no_such_module: ModuleNotFoundError" in st["detail"]
     r = ks.execute("%gpu status")
     assert "warm-up: failed" in r.text
     assert ks.execute("1 + 1").text == "2"
     ks.close()
-    time.sleep(0.5)
+    wait_for(lambda: "gpuctx warm-up failed" in srv.log())  # the kernel's stderr reaches the server's log
+    assert srv.api("DELETE", f"/api/kernels/{kid}")[0] == 204
+    wait_for(lambda: f"Kernel shutdown: {kid}" in srv.log())  # nothing more can come from it
     assert srv.log().count("gpuctx warm-up failed") == 1
 
 
 def test_never_leaves_kernels_alone(server_factory):
     srv = server_factory("--GpuctxServer.warm_policy=never")
     ks = srv.channels(srv.start_kernel())
-    r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
+    r = ks.execute("print('_gpuctx' in dir(get_ipython()))")
     assert r.stdout.strip() == "False"
     ks.close()
 
@@ -119,23 +122,14 @@ def test_kernels_behind_a_gateway_are_warmed_on_start_and_restart(server_factory
     srv = server_factory("--GpuctxServer.warm_policy=always", f"--GatewayClient.url={kernel_gateway}")
     kid = srv.start_kernel()
     ks = srv.channels(kid)
-    deadline = time.monotonic() + 30
-    while True:  # the server's warm request is the kernel's first; wait until it has run
-        r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
-        if r.stdout.strip() == "True" or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    loaded = lambda: ks.execute("print('_gpuctx' in dir(get_ipython()))").stdout.strip() == "True"  # noqa: E731
+    wait_for(loaded, timeout=30)  # the server's warm request is the kernel's first; wait until it has run
     st = status(ks)
     assert st["source"] == "server hook" and st["state"] == "skipped"
     ks.close()
     assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
     ks = srv.channels(kid)
-    deadline = time.monotonic() + 30
-    while True:
-        r = ks.execute("print('_gpuctx_magics' in dir(get_ipython()))")
-        if r.stdout.strip() == "True" or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    wait_for(loaded, timeout=30)
     assert status(ks)["pid"] != st["pid"]
     ks.close()
 
@@ -145,7 +139,7 @@ def test_device_assignment_policies():
     from dataclasses import replace
 
     from gpuctx_jupyter.core.devices import VisibleDevice
-    from gpuctx_jupyter.server.kernel_hook import pick_device
+    from gpuctx_jupyter.server.launch import pick_device
 
     from .harness.gpus import h200
 
@@ -178,7 +172,8 @@ def test_a_gateway_warm_request_that_fails_is_logged_with_its_exception_type(cap
     from jupyter_client.session import Session
 
     from gpuctx_jupyter.server.config import GpuctxServer
-    from gpuctx_jupyter.server.kernel_hook import KernelHook
+    from gpuctx_jupyter.server.launch import Launcher
+    from gpuctx_jupyter.server.notebooks import Notebooks
     from gpuctx_jupyter.server.tasks import Background
 
     class SilentClient:  # a kernel that takes the request and never answers
@@ -200,10 +195,9 @@ def test_a_gateway_warm_request_that_fails_is_logged_with_its_exception_type(cap
 
     kernels = {"silent": SimpleNamespace(client=SilentClient), "gone": SimpleNamespace(client=unreachable)}
     log = logging.getLogger("test-gateway-hook")
-    app = SimpleNamespace(kernel_manager=SimpleNamespace(get_kernel=kernels.__getitem__, start_kernel=None,
-                                                         restart_kernel=None),
-                          kernel_spec_manager=None, gateway_config=SimpleNamespace(gateway_enabled=True))
-    hook = KernelHook(app, GpuctxServer(gateway_timeout=0.3), log, Background(log))
+    mkm = SimpleNamespace(get_kernel=kernels.__getitem__)
+    hook = Launcher(GpuctxServer(gateway_timeout=0.3), log, None, Notebooks(), Background(log), gateway=True,
+                    kernel_manager=mkm)
     with caplog.at_level(logging.WARNING, logger="test-gateway-hook"):
         t0 = time.monotonic()
         asyncio.run(hook._send_warm_request("silent", {}))

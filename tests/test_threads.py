@@ -124,7 +124,7 @@ class Parked:
 
 # -- the hook goes in with the extension and comes out exactly ---------------------------------
 def test_load_ext_installs_the_hook_and_unload_restores_thread_start_exactly(shell):
-    threads = shell._gpuctx_magics.switcher.threads
+    threads = shell._gpuctx.switcher.threads
     assert threads.installed and threading.Thread.start is not ORIGINAL_START
     assert threading.Thread.start.__wrapped__ is ORIGINAL_START
     shell.run_line_magic("unload_ext", "gpuctx")
@@ -132,7 +132,7 @@ def test_load_ext_installs_the_hook_and_unload_restores_thread_start_exactly(she
     assert not threads.installed
     assert "not installed" in threads.report()[0]
     shell.run_line_magic("load_ext", "gpuctx")  # the fixture unloads it again
-    assert shell._gpuctx_magics.switcher.threads.installed
+    assert shell._gpuctx.switcher.threads.installed
 
 
 def test_remove_under_another_wrapper_keeps_it_and_passes_through(follow):
@@ -307,7 +307,7 @@ def test_hook_imports_no_framework(tmp_path):
         ip = start_ipython()
         ip.run_line_magic("load_ext", "gpuctx")
         from gpuctx_jupyter.kernel.switching import Choice
-        sw = ip._gpuctx_magics.switcher
+        sw = ip._gpuctx.switcher
         assert sw.threads.installed
         sw.use(Choice(1))  # as if `%gpu use 1` (no GPU here): frameworks are not imported
         t = threading.Thread(target=lambda: None); t.start(); t.join()
@@ -437,7 +437,7 @@ def test_report_names_live_threads_on_another_device(follow):
 def test_magics_carry_use_and_on_gpu_into_threads(shell, nvml_records, clean_env, monkeypatch):
     nvml_records([h200(0), h200(1)])
     fw = Recording("torch")
-    switcher = shell._gpuctx_magics.switcher
+    switcher = shell._gpuctx.switcher
     monkeypatch.setattr(switcher, "frameworks", (fw,))
     shell.run_line_magic("gpu", "use 1 --default")
     cell = ("import threading\n"

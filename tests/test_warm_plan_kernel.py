@@ -12,7 +12,7 @@ import pytest
 from .harness.kernels import reply_to, run, start, stop
 from .harness.notebooks import notebook
 
-PLAN = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait({wait})\n"
+PLAN = ("import json; m = get_ipython()._gpuctx; m.warmer.wait({wait})\n"
         "print(json.dumps({{'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict() if m.warmer.plan "
         "else None, 'lines': m.warmer.plan_lines()}}))")
 

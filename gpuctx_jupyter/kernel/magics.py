@@ -1,10 +1,9 @@
 """The `%gpu` line magic and the `%%on_gpu` cell magic: dispatch through `commands.COMMANDS`,
-reports from `reports`, device switching through the `Switcher`."""
+reports from `reports`, device switching and the warm-up through the kernel's `KernelState`."""
 from __future__ import annotations
 
 import ast
 import os
-import sys
 import time
 
 from IPython.core.error import UsageError
@@ -16,10 +15,11 @@ from ..contract import DEFAULT_OPS, FRAMEWORKS
 from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, parse_spec, read_spec
-from . import commands, doctor, hints, oom, reports
+from . import commands, doctor, release, reports
 from .render import gib, signed
-from .switching import WATCHED, Choice, PostImportHook, Switcher
-from .warmup import Warmer
+from .state import KernelState
+from .switching import Choice, Switcher
+from .warm.scheduler import Warmer
 
 
 @magics_class
@@ -33,16 +33,20 @@ class GpuMagics(Magics):
         that choice; `%gpu use N` applies this setting.""",
     ).tag(config=True)
 
-    def __init__(self, shell=None, **kwargs):
+    def __init__(self, shell=None, state: KernelState | None = None, **kwargs):
         super().__init__(shell=shell, **kwargs)
-        self.warmer = Warmer()
-        self.switcher = Switcher(cuda_starting=self._warmup_starting_cuda)
-        self.warmer.switcher = self.switcher
-        self.import_hook = PostImportHook(WATCHED, self.switcher.on_import)
+        self.state = state if state is not None else KernelState()
         self._count_cache: tuple[tuple, int] | None = None
-        self.cell_thread_device: tuple[int | None, str | None] | None = None
         self._told_follow: bool | None = None  # what the last `%gpu use` note said about threads
         self._apply_follow_threads()
+
+    @property
+    def switcher(self) -> Switcher:
+        return self.state.switcher
+
+    @property
+    def warmer(self) -> Warmer:
+        return self.state.warmer
 
     @observe("follow_threads")
     def _follow_threads_changed(self, change):
@@ -50,29 +54,9 @@ class GpuMagics(Magics):
 
     def _apply_follow_threads(self, follow: bool | None = None) -> None:
         """Hand the setting to the switcher (config arrives before it exists: __init__ hands it on)."""
-        switcher = getattr(self, "switcher", None)
-        if switcher is not None:
-            switcher.follow_threads = self.follow_threads if follow is None else follow
-
-    # -- kernel events ---------------------------------------------------------------------------
-    def _warmup_starting_cuda(self) -> bool:
-        return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
-
-    def pre_run_cell(self, info=None):
-        self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
-        self.switcher.enforce()
-
-    def post_run_cell(self, result=None):
-        self.warmer.cell_finished()
-        # The control channel answers from its own thread; CUDA's current device and torch's
-        # default device are per thread, so remember the cell thread's.
-        torch = fws.TORCH
-        if torch.loaded() and torch.gpu_reason() is None:
-            self.cell_thread_device = (torch.current(), torch.default_device())
-        error = getattr(result, "error_in_exec", None)
-        hint = hints.hint_for(error) if error is not None else None
-        if hint:
-            print(hint, file=sys.stderr)
+        state = getattr(self, "state", None)
+        if state is not None:
+            state.switcher.follow_threads = self.follow_threads if follow is None else follow
 
     # -- %gpu ------------------------------------------------------------------------------------
     @line_magic
@@ -162,7 +146,7 @@ class GpuMagics(Magics):
 
     def _gpu_free(self, args):
         # The same code path as the server's release request (kernel_view, RELEASE_REQUEST).
-        print(oom.describe_release(oom.release_memory(self.shell)))
+        print(release.describe(release.release_memory(self.shell)))
 
     def _gpu_warm(self, args):
         names = [n.strip() for n in args.frameworks.split(",") if n.strip()]

@@ -345,8 +345,10 @@ def _warmup_summary() -> str | None:
     """The kernel's warm-up state, where the gpuctx extension is loaded."""
     from IPython import get_ipython
 
-    magics = getattr(get_ipython(), "_gpuctx_magics", None)
-    return magics.warmer.status.summary() if magics is not None else None
+    from .state import of
+
+    st = of(get_ipython())
+    return st.warmer.status.summary() if st is not None else None
 
 
 def renders_widgets(ip) -> bool:

@@ -1,3 +1,3 @@
-"""The jupyter_server side: settings, the GPU API, the kernel start/restart hook, the warm pool,
-one action per kernel at a time (actions.py), kernel queries, attribution and metrics. Never
-imports the kernel side."""
+"""The jupyter_server side, assembled by extension.py: settings, launching kernels (the launcher,
+the provisioner, the warm pool), the lifecycle chain, who holds the GPU, the GPU API and metrics.
+Never imports the kernel side."""

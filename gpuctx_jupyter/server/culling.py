@@ -14,7 +14,7 @@ import inspect
 import time
 from collections.abc import Callable
 
-from ..contract import Holder
+from ..contract.holders import Holder
 from ..core.inventory import Inventory
 
 
@@ -27,13 +27,6 @@ class GpuCuller:
         self.shutdown, self.clock, self.log = shutdown, clock, log
         self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
         self.culled: list[dict] = []  # newest last (bounded)
-
-    @classmethod
-    def from_config(cls, serverapp, cfg, clock=time.time):
-        async def shutdown(kernel_id: str):
-            await serverapp.kernel_manager.shutdown_kernel(kernel_id)
-
-        return cls(cfg.cull_idle_gpu_kernels_after, shutdown, clock, serverapp.log, cfg.cull_warning_seconds)
 
     @property
     def on(self) -> bool:

@@ -1,70 +1,145 @@
-"""Loading gpuctx into jupyter_server: settings, the kernel start/restart hook and the GPU API."""
+"""gpuctx in jupyter_server, assembled in one place: every server object is built here, once, and
+given what it needs through its constructor. Read this file to see how the pieces fit.
+
+  settings       config.GpuctxServer (c.GpuctxServer.*)
+  notebooks      notebooks.Notebooks: the one notebook reader, off the event loop
+  launch         launch.Launcher: what each kernel gets at launch (warm settings, device, gpuctx)
+  who holds      holders.Holders: the holders file, idle holders, the round its consumers run on
+  warm pool      reserve.Reserve (which kernelspecs, memory floors) and pool.Pool (the standbys)
+  provisioner    provisioner.attach: how local kernels are launched (from a standby when one fits)
+  lifecycle      lifecycle.Lifecycle: the one chain around the kernel manager (one action per
+                 kernel at a time, gateway warm-ups, shutdown order)
+  consumers      release.PressureRelease and culling.GpuCuller, run after each holders round
+  API            gpu_api.GpuApi (the snapshot) and routes/ (REST and websocket), metrics.py
+"""
 from __future__ import annotations
 
-from ..contract import (
-    ADOPT_REPLY,
-    ADOPT_REQUEST,
-    RELEASE_REPLY,
-    RELEASE_REQUEST,
-    REPLY,
-    REQUEST,
-)
+import weakref
+from dataclasses import dataclass
+
+from ..contract import ADOPT_REPLY, ADOPT_REQUEST, REPLY, REQUEST
+from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
-from . import jupyter_internals
-from .actions import KernelActions
+from . import jupyter_internals, metrics, provisioner, release, routes
 from .config import GpuctxServer
-from .handlers import setup_handlers
-from .holders import install as install_holders
-from .kernel_hook import KernelHook
-from .pool import KernelPool
+from .culling import GpuCuller
+from .gpu_api import GpuApi
+from .holders import OOM_RELEASE_S, Holders
+from .launch import Launcher
+from .lifecycle import Lifecycle
+from .notebooks import Notebooks
+from .pool import Pool
+from .reserve import Reserve
 from .tasks import Background
 
 # What gpuctx's control-channel requests cause: the request, its reply, and the busy/idle status
 # the kernel publishes with the request as parent. None of it is the user's activity.
 UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY)
 
+_servers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-def load(serverapp) -> None:
+
+@dataclass
+class Server:
+    """Every object gpuctx runs in one jupyter_server (for the log line, tests and diagnostics)."""
+
+    cfg: GpuctxServer
+    background: Background
+    notebooks: Notebooks
+    launcher: Launcher
+    holders: Holders
+    pool: Pool | None
+    lifecycle: Lifecycle
+    pressure: release.PressureRelease
+    culler: GpuCuller
+    api: GpuApi
+
+
+def of(serverapp) -> Server | None:
+    """The gpuctx objects of a running jupyter_server (None: gpuctx is not loaded there)."""
+    return _servers.get(serverapp)
+
+
+def load(serverapp) -> Server:
+    log, mkm = serverapp.log, serverapp.kernel_manager
     cfg = GpuctxServer(parent=serverapp)
-    replay = None
-    if cfg.replay_trace:
-        try:
-            replay = Replay(cfg.replay_trace, log=serverapp.log)
-        except Exception as exc:  # a bad trace must not keep the extension from loading
-            serverapp.log.error("gpuctx: replay_trace %s: %s; fix the path or unset it (serving live NVML)",
-                                cfg.replay_trace, exc)
-        else:
-            process_sampler().set_source(replay.read)
-            serverapp.log.warning("gpuctx: REPLAYING the recorded trace %s instead of live NVML", cfg.replay_trace)
-    mkm = serverapp.kernel_manager
+    replay = _replay(cfg, log)
+    gateway = bool(getattr(getattr(serverapp, "gateway_config", None), "gateway_enabled", False))
     untracked = getattr(mkm, "untracked_message_types", None)
     if untracked is not None:  # the idle culler must not see gpuctx's questions as use
         mkm.untracked_message_types = [*untracked, *(t for t in UNTRACKED if t not in untracked)]
-    background = Background(serverapp.log)
-    hook = KernelHook(serverapp, cfg, serverapp.log, background)
-    hook.install()
-    pool = None
-    if (cfg.pool_size is None or cfg.pool_size > 0) and not hook.gateway:
-        gone = jupyter_internals.missing()
-        if gone:
-            serverapp.log.error("gpuctx: the warm kernel pool is off: this jupyter_server lacks %s (checked "
-                                "against %s)", ", ".join(gone), jupyter_internals.CHECKED_AGAINST)
-        else:
-            pool = KernelPool(serverapp, cfg, hook, serverapp.log, background)
-            pool.install()  # wraps the hook's start: adopt a standby, else start (and warm) a fresh one
-    actions = KernelActions(mkm)
-    actions.install()  # outermost: one action per kernel at a time, whoever asks
-    api = setup_handlers(serverapp.web_app, serverapp, cfg, replay, hook=hook, pool=pool, actions=actions)
-    serverapp.web_app.settings["gpuctx"] = {"config": cfg, "kernel_hook": hook, "api": api, "pool": pool,
-                                            "background": background, "actions": actions}
-    # Who holds the GPU: the holders file kernels read when they run out of memory, idle holders in
-    # the snapshot, the release route, automatic release under memory pressure, opt-in culling.
-    install_holders(serverapp)
-    serverapp.log.info(
-        "gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
-        ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,
-        ("" if not pool else ", the automatic warm reserve" if pool.auto
-         else f", warm pool of {cfg.pool_size} per kernelspec"),
-        " — kernels behind a gateway are warmed by a first request" if hook.gateway else "",
-    )
+
+    background = Background(log)
+    notebooks = Notebooks()
+    holders = Holders(serverapp, query_timeout=cfg.kernel_query_timeout)
+    # a gateway's kernels run elsewhere: no holders file to share with them
+    launcher = Launcher(cfg, log, serverapp.kernel_spec_manager, notebooks, background,
+                        holders_file=None if gateway else holders.path, gateway=gateway, kernel_manager=mkm)
+    pool = _pool(serverapp, cfg, launcher, holders, background, gateway)
+    if not gateway:
+        why = provisioner.attach(mkm, launcher, pool, background, log)
+        if why:
+            log.warning("gpuctx: %s", why)
+            pool = None
+    if pool is not None:
+        holders.standbys = lambda: pool.standbys
+    lifecycle = Lifecycle(mkm, launcher, background, pool, gateway,
+                          on_shutdown=[holders.stop, notebooks.close, lambda: provisioner.detach(mkm)])
+    lifecycle.install()
+
+    async def release_kernel(kernel_id: str) -> dict:
+        return await release.release(mkm.get_kernel(kernel_id), cfg.release_timeout)
+
+    pressure = release.PressureRelease(cfg.release_below_free_fraction, cfg.release_idle_seconds,
+                                       cfg.release_idle_after, release_kernel, pool.evict if pool else None, log=log,
+                                       recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S))
+    culler = GpuCuller(cfg.cull_idle_gpu_kernels_after, mkm.shutdown_kernel, log=log,
+                       warning_s=cfg.cull_warning_seconds)
+    holders.consumers += [pressure, culler]
+
+    api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler)
+    holders.reported = api.reported  # the PIDs kernels report, shared by the API and the holders round
+    routes.setup(serverapp.web_app, api)
+    private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
+    metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)
+
+    holders.start(api.read)
+    if pool is not None:
+        pool.start()
+    server = Server(cfg, background, notebooks, launcher, holders, pool, lifecycle, pressure, culler, api)
+    _servers[serverapp] = server
+    log.info("gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
+             ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,
+             ("" if not pool else ", the automatic warm reserve" if pool.auto
+              else f", warm pool of {cfg.pool_size} per kernelspec"),
+             " — kernels behind a gateway are warmed by a first request" if gateway else "")
+    return server
+
+
+def _replay(cfg: GpuctxServer, log) -> Replay | None:
+    if not cfg.replay_trace:
+        return None
+    try:
+        replay = Replay(cfg.replay_trace, log=log)
+    except Exception as exc:  # a bad trace must not keep the extension from loading
+        log.error("gpuctx: replay_trace %s: %s; fix the path or unset it (serving live NVML)", cfg.replay_trace, exc)
+        return None
+    process_sampler().set_source(replay.read)
+    log.warning("gpuctx: REPLAYING the recorded trace %s instead of live NVML", cfg.replay_trace)
+    return replay
+
+
+def _pool(serverapp, cfg, launcher, holders, background, gateway) -> Pool | None:
+    """The warm pool, unless it is off (pool_size 0), the kernels run behind a gateway, or this
+    jupyter_server lacks what re-pointing a restarted kernel's websockets needs."""
+    if cfg.pool_size == 0 or gateway:
+        return None
+    gone = jupyter_internals.missing()
+    if gone:
+        serverapp.log.error("gpuctx: the warm kernel pool is off: this jupyter_server lacks %s (checked against %s)",
+                            ", ".join(gone), jupyter_internals.CHECKED_AGAINST)
+        return None
+    mkm = serverapp.kernel_manager
+    reserve = Reserve(mkm, cfg, launcher, holders)
+    return Pool(mkm, cfg, launcher, reserve, serverapp.log, background)

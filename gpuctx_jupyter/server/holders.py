@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from .. import contract
-from ..contract import Holder, HoldersFile
+from ..contract.holders import HOLDERS_PREFIX, Holder, HoldersFile, standby_holder_id
 from ..core.inventory import Inventory
 from ..core.sampler import Sample
 from . import attribution, kernel_query, snapshot
@@ -44,21 +42,7 @@ Consumer = Callable[[Inventory, list[Holder], dict[str, dict[int, int]]], Awaita
 
 
 def holders_path(runtime_dir: str, pid: int | None = None) -> str:
-    return os.path.join(runtime_dir, f"{contract.HOLDERS_PREFIX}{os.getpid() if pid is None else pid}.json")
-
-
-def kernel_env_defaults(env: Mapping[str, str], holders_file: str | None, jax_preallocate: bool) -> dict[str, str]:
-    """What every kernel this server starts gets in its environment, on top of `env`: the holders
-    file's path, and XLA_PYTHON_CLIENT_PREALLOCATE=false unless the user's environment says
-    something about JAX's preallocation (or c.GpuctxServer.jax_preallocate is True)."""
-    out = {}
-    if holders_file:
-        out[contract.HOLDERS] = holders_file
-    said = any(v in env for v in (contract.XLA_PREALLOCATE, contract.XLA_MEM_FRACTION, contract.XLA_ALLOCATOR))
-    if not jax_preallocate and (not said or env.get(contract.XLA_SET_BY) == "server"):
-        out[contract.XLA_PREALLOCATE] = "false"
-        out[contract.XLA_SET_BY] = "server"
-    return out
+    return os.path.join(runtime_dir, f"{HOLDERS_PREFIX}{os.getpid() if pid is None else pid}.json")
 
 
 def holdings(inv: Inventory, holders: list[Holder]) -> dict[str, dict[int, int]]:
@@ -85,10 +69,10 @@ def _epoch(dt) -> float | None:
 
 
 class Holders:
-    def __init__(self, serverapp, reported: dict | None = None, pool=None, path: str | None = None,
-                 clock: Callable[[], float] = time.time, ask=kernel_query.ask, query_timeout: float = 2.0,
-                 log=None):
-        self.serverapp, self.pool, self.log = serverapp, pool, log or serverapp.log
+    def __init__(self, serverapp, reported: dict | None = None, standbys: Callable[[], list] = list,
+                 path: str | None = None, clock: Callable[[], float] = time.time, ask=kernel_query.ask,
+                 query_timeout: float = 2.0, log=None):
+        self.serverapp, self.standbys, self.log = serverapp, standbys, log or serverapp.log
         self.reported = reported if reported is not None else {}  # shared with GpuApi: id -> (local pid, own pid)
         self.path = path or holders_path(serverapp.runtime_dir)
         self.clock, self._ask, self.query_timeout = clock, ask, query_timeout
@@ -146,7 +130,7 @@ class Holders:
         return out
 
     def _standbys(self, now: float) -> list[Holder]:
-        standbys = getattr(self.pool, "standbys", None) or []
+        standbys = self.standbys()
         if not standbys:
             return []
         children = attribution.child_table()
@@ -157,7 +141,7 @@ class Holders:
             if not pid:
                 continue
             age = max(0.0, mono - getattr(s, "started", mono))
-            out.append(Holder(id=contract.standby_holder_id(pid), name=getattr(s, "kernel_name", ""),
+            out.append(Holder(id=standby_holder_id(pid), name=getattr(s, "kernel_name", ""),
                               pids=attribution.kernel_pids(pid, None, children), execution_state="idle",
                               last_activity=now - age, idle_s=age, standby=True))
         return out
@@ -362,125 +346,3 @@ def _memory_on(h: Holder, ordinal) -> dict | None:
     return {"allocated": allocated, "reserved": reserved, "cached": max(0, reserved - allocated),
             "peak": max(peaks) if peaks else None, "frameworks": sorted({str(m.get("framework")) for m in rows}),
             "reported_at": h.memory_time}
-
-
-# -- wiring into the loaded extension ---------------------------------------------------------------
-# The c.GpuctxServer traits this feature reads, with their defaults (read with getattr, so that the
-# feature runs, with these defaults, on a config class that does not declare them yet).
-TRAIT_DEFAULTS = {
-    "idle_holder_seconds": 600.0,
-    "release_below_free_fraction": 0.05,
-    "release_idle_seconds": 300.0,
-    "release_idle_after": 0.0,
-    "release_timeout": 10.0,
-    "jax_preallocate": False,
-    "cull_idle_gpu_kernels_after": 0.0,
-    "cull_warning_seconds": 600.0,
-}
-
-
-def setting(cfg, name: str):
-    value = getattr(cfg, name, TRAIT_DEFAULTS[name])
-    if isinstance(value, float | int) and not isinstance(value, bool) and value < 0:
-        raise ValueError(f"c.GpuctxServer.{name} = {value!r}: give 0 (off) or a positive number")
-    if name == "release_below_free_fraction" and not 0 <= value < 1:
-        raise ValueError(f"c.GpuctxServer.{name} = {value!r}: give a fraction of the GPU's memory, 0 ≤ f < 1")
-    return value
-
-
-def install(serverapp, mount_route: bool = True) -> Holders:
-    """Wire "who holds my GPU" into the gpuctx extension that `extension.load` set up (its objects
-    are in web_app.settings["gpuctx"]); called once, right after it. Idempotent.
-
-    - gpuctx's release messages are not user activity (jupyter_server's untracked_message_types);
-    - every local kernel the server starts gets kernel_env_defaults (the holders file's path,
-      XLA_PYTHON_CLIENT_PREALLOCATE=false), pool standbys included (_give_kernels_the_defaults);
-    - the holders round runs after each sample of the process's sampler, with automatic release
-      (release.PressureRelease) and culling (culling.GpuCuller) as its consumers;
-    - /gpuctx/api/devices gets the per-kernel fields of `Holders.annotate` and a "holders" block;
-    - POST <base>/gpuctx/api/kernels/<id>/release is mounted ahead of the generic action route.
-    """
-    from .culling import GpuCuller
-    from .release import PressureRelease, mount
-
-    shared = serverapp.web_app.settings["gpuctx"]
-    if shared.get("holders") is not None:
-        return shared["holders"]
-    cfg, api, hook, pool = shared["config"], shared["api"], shared.get("kernel_hook"), shared.get("pool")
-    values = {name: setting(cfg, name) for name in TRAIT_DEFAULTS}
-    mkm = serverapp.kernel_manager
-    untracked = getattr(mkm, "untracked_message_types", None)
-    if untracked is not None:
-        mkm.untracked_message_types = [*untracked, *(t for t in (contract.RELEASE_REQUEST, contract.RELEASE_REPLY)
-                                                     if t not in untracked)]
-    holders = Holders(serverapp, api.reported, pool, query_timeout=getattr(cfg, "kernel_query_timeout", 2.0))
-    if not getattr(hook, "gateway", False):  # a gateway's kernels run elsewhere: no file to share
-        _give_kernels_the_defaults(mkm, holders.path, values["jax_preallocate"])
-    pressure = PressureRelease(values["release_below_free_fraction"], values["release_idle_seconds"],
-                               values["release_idle_after"], _releaser(serverapp, values["release_timeout"]),
-                               getattr(pool, "evict", None), log=serverapp.log,
-                               recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S))
-    culler = GpuCuller(values["cull_idle_gpu_kernels_after"], mkm.shutdown_kernel, log=serverapp.log,
-                       warning_s=values["cull_warning_seconds"])
-    holders.consumers += [pressure, culler]
-    if pool is not None:
-        pool.reserve.holders = holders  # the pool's memory floors, and what each standby holds
-    plain = api.snapshot
-
-    def snapshot_with_holders(sample):
-        snap = plain(sample)
-        try:
-            holders.annotate(snap, values["idle_holder_seconds"], culler.cull_at, values["cull_warning_seconds"])
-        except Exception as exc:  # the snapshot stands without the extra fields
-            api.log_once("adding idle times to the GPU snapshot", exc)
-        snap["holders"] = {"idle_holder_seconds": values["idle_holder_seconds"],
-                           "release_below_free_fraction": values["release_below_free_fraction"],
-                           "release_idle_seconds": values["release_idle_seconds"],
-                           "cull_after_s": values["cull_idle_gpu_kernels_after"],
-                           "cull_warning_s": values["cull_warning_seconds"],
-                           "released": pressure.history[-5:], "culled": culler.culled[-5:]}
-        return snap
-
-    api.snapshot = snapshot_with_holders
-    if mount_route:
-        mount(serverapp.web_app, api)
-    shared.update(holders=holders, pressure=pressure, culler=culler)
-    holders.start(api.read)
-    serverapp.log.debug("gpuctx: holders file %s; release below %g%% free after %g s idle%s", holders.path,
-                       values["release_below_free_fraction"] * 100, values["release_idle_seconds"],
-                       f"; culling GPU holders idle {values['cull_idle_gpu_kernels_after']:g} s"
-                       if values["cull_idle_gpu_kernels_after"] else "")
-    return holders
-
-
-def _releaser(serverapp, timeout: float):
-    from .release import release
-
-    async def release_kernel(kernel_id: str) -> dict:
-        return await release(serverapp.kernel_manager.get_kernel(kernel_id), timeout)
-
-    return release_kernel
-
-
-def _give_kernels_the_defaults(mkm, path: str, jax_preallocate: bool) -> None:
-    """Every local kernel's environment gets kernel_env_defaults: in pre_start_kernel, which every
-    start goes through (the server's and the warm pool's standbys'; the environment is updated in
-    place, so a standby's recorded environment has them too), and outermost around start_kernel,
-    so that the pool compares a request's environment with its standbys' like with like."""
-    pre_start, start = mkm.pre_start_kernel, mkm.start_kernel
-
-    def pre_start_kernel(kernel_name, kwargs):
-        env = kwargs.get("env")
-        if env is None:
-            kwargs["env"] = env = dict(os.environ)
-        env.update(kernel_env_defaults(env, path, jax_preallocate))
-        return pre_start(kernel_name, kwargs)
-
-    async def start_kernel(*args, **kwargs):
-        env = dict(kwargs.get("env") or os.environ)
-        kwargs["env"] = {**env, **kernel_env_defaults(env, path, jax_preallocate)}
-        result = start(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
-
-    mkm.pre_start_kernel = pre_start_kernel
-    mkm.start_kernel = start_kernel

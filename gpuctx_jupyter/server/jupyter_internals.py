@@ -1,11 +1,14 @@
 """Everything gpuctx does with jupyter_server's and jupyter_client's private attributes, in one place.
 
-The warm pool hands a kernel started outside the server's kernel manager to that manager, and
-swaps one under an existing kernel id on a restart, re-pointing the open websockets. Neither has
-a public API, so this module reaches in. It was checked against jupyter_server 2.13–2.21 and
-jupyter_client 8.6–8.10; `missing()` names what a newer version no longer has, the server
-extension then turns the pool off with one log line, and tests/test_jupyter_internals.py fails
-loudly so the next upgrade is noticed.
+Launching kernels from the warm pool goes through jupyter_client's public provisioner interface
+(provisioner.py); what is left has no public API:
+- after a restart served by a standby the kernel listens on new ports, and jupyter_server's open
+  websocket connections keep talking to the old ones: they are re-pointed here;
+- a standby's own kernel manager keeps a control socket to the process the server now owns: it is
+  closed here.
+Checked against jupyter_server 2.13–2.21 and jupyter_client 8.6–8.10; `missing()` names what a
+newer version no longer has, the server extension then turns the pool off with one log line, and
+tests/test_architecture.py fails loudly so the next upgrade is noticed.
 """
 from __future__ import annotations
 
@@ -16,66 +19,27 @@ CHECKED_AGAINST = "jupyter_server 2.13–2.21, jupyter_client 8.6–8.10"
 
 # The names this module relies on, per class.
 _RELIED_ON = {
-    "MappingKernelManager": ("_kernels", "_kernel_connections", "_finish_kernel_start", "_initialized_culler",
-                             "initialize_culler", "stop_watching_activity", "start_watching_activity",
-                             "pre_start_kernel", "cwd_for_path", "new_kernel_id"),
     "ZMQChannelsWebsocketConnection": ("_open_sockets", "create_stream", "nudge", "handle_outgoing_message",
-                                       "on_kernel_restarted", "on_restart_failed"),
+                                       "on_kernel_restarted"),
+    "KernelManager": ("_close_control_socket",),
 }
 
 
 def missing() -> list[str]:
-    """The names gpuctx relies on that this jupyter_server no longer has (empty: all there)."""
+    """The names gpuctx relies on that this jupyter_server / jupyter_client no longer has."""
+    from jupyter_client.manager import KernelManager
     from jupyter_server.services.kernels.connection.channels import (
         ZMQChannelsWebsocketConnection,
     )
-    from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
 
-    classes = {"MappingKernelManager": MappingKernelManager,
-               "ZMQChannelsWebsocketConnection": ZMQChannelsWebsocketConnection}
-    gone = [f"{owner}.{name}" for owner, names in _RELIED_ON.items() for name in names
+    classes = {"ZMQChannelsWebsocketConnection": ZMQChannelsWebsocketConnection, "KernelManager": KernelManager}
+    return [f"{owner}.{name}" for owner, names in _RELIED_ON.items() for name in names
             if not hasattr(classes[owner], name)]
-    try:
-        from jupyter_server._tz import utcnow  # noqa: F401
-    except ImportError:
-        gone.append("jupyter_server._tz.utcnow")
-    return gone
 
 
-def utcnow():
-    from jupyter_server._tz import utcnow as now
-
-    return now()
-
-
-def launch_args(km) -> dict:
-    """The arguments a kernel manager was started with; jupyter_client restarts with them."""
-    return dict(getattr(km, "_launch_args", None) or {})
-
-
-def set_launch_args(km, args: dict) -> None:
-    km._launch_args = args
-
-
-def get_registered(mkm, kernel_id: str):
-    return mkm._kernels.get(kernel_id)
-
-
-async def register(mkm, kernel_id: str, km) -> None:
-    """Make `km` the server's kernel `kernel_id`, as if the server had started it itself."""
-    mkm._kernels[kernel_id] = km
-    mkm._kernel_connections.setdefault(kernel_id, 0)
-    await mkm._finish_kernel_start(kernel_id)
-    if not mkm._initialized_culler:
-        mkm.initialize_culler()
-
-
-def unregister(mkm, kernel_id: str, previous=None) -> None:
-    """Undo `register`: put the previous kernel manager back, or forget the id."""
-    if previous is None:
-        mkm._kernels.pop(kernel_id, None)
-    else:
-        mkm._kernels[kernel_id] = previous
+def close_control(km) -> None:
+    """Close the control socket a kernel manager keeps to its kernel (the kernel runs on)."""
+    km._close_control_socket()
 
 
 def open_connections(km) -> list:
@@ -87,15 +51,23 @@ def open_connections(km) -> list:
     return [c for c in list(ZMQChannelsWebsocketConnection._open_sockets) if c.parent is km]
 
 
+async def repoint_all(km, log) -> None:
+    """Move every websocket open on `km` to the ports its kernel listens on now."""
+    conns = open_connections(km)
+    for conn, result in zip(conns, await asyncio.gather(*(repoint(c, km) for c in conns), return_exceptions=True)):
+        if isinstance(result, Exception):  # e.g. a tab closed meanwhile: it reconnects to the new ports
+            log.info("gpuctx pool: re-pointing a connection of %s: %s: %s", conn.kernel_id,
+                     type(result).__name__, result)
+
+
 async def repoint(conn, km) -> None:
-    """Move an open websocket connection onto the kernel that replaced its kernel. As on a
-    fresh connection, wait until the new IOPub subscription is live (ZMQ drops what a kernel
-    publishes before that), then forward the new streams to the websocket."""
+    """Move an open websocket connection onto its kernel's new ports. As on a fresh connection,
+    wait until the new IOPub subscription is live (ZMQ drops what a kernel publishes before that),
+    then forward the new streams to the websocket."""
     for stream in conn.channels.values():
         if not stream.closed():
             stream.close()
-    conn.parent = km
-    conn.session.key = km.session.key  # each kernel signs its messages with its own key
+    conn.session.key = km.session.key  # each kernel process signs its messages with its own key
     conn.create_stream()
     try:
         await _until_subscribed(conn, km)
@@ -103,8 +75,6 @@ async def repoint(conn, km) -> None:
         await conn.nudge()
     for stream in conn.channels.values():
         stream.on_recv_stream(conn.handle_outgoing_message)
-    conn.multi_kernel_manager.add_restart_callback(conn.kernel_id, conn.on_kernel_restarted)
-    conn.multi_kernel_manager.add_restart_callback(conn.kernel_id, conn.on_restart_failed, "dead")
     conn.on_kernel_restarted()  # tell the frontend, as an ordinary restart does
 
 

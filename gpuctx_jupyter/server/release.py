@@ -1,5 +1,5 @@
-"""Giving GPU memory back without losing work: the "Release cached memory" kernel action, and the
-automatic release when a GPU runs short.
+"""Giving GPU memory back without losing work: the "Release cached memory" kernel action (the
+route is in routes/kernels.py), and the automatic release when a GPU runs short.
 
 Release asks a kernel, on its control channel (contract.RELEASE_REQUEST), to run what `%gpu free`
 runs: drop the references a failed cell keeps alive, collect garbage, return the frameworks'
@@ -20,11 +20,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from jupyter_server.auth.decorator import authorized
-from jupyter_server.base.handlers import APIHandler
-from tornado import web
-
-from ..contract import RELEASE_REPLY, RELEASE_REQUEST, Holder
+from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST, Holder
 from ..core.inventory import Inventory
 from . import kernel_query
 
@@ -37,49 +33,6 @@ async def release(kernel, timeout: float) -> dict:
     if content.get("status") == "ok":
         content["round_trip_s"] = round(time.perf_counter() - t0, 4)
     return content
-
-
-async def release_answer(serverapp, cfg, kernel_id: str, holders=None, actions=None) -> dict:
-    """POST /gpuctx/api/kernels/<id>/release: the route's logic, apart from tornado's handler.
-    4xx as web.HTTPError (403 actions off, 404 unknown kernel, 409 another action in flight)."""
-    if not cfg.allow_actions:
-        raise web.HTTPError(403, "kernel actions are turned off on this server (c.GpuctxServer.allow_actions = False)")
-    km = serverapp.kernel_manager
-    if kernel_id not in km:
-        raise web.HTTPError(404, f"no kernel {kernel_id!r} on this server (GET /api/kernels lists them)")
-    busy = actions.busy(kernel_id) if actions is not None else None
-    if busy:
-        raise web.HTTPError(409, f"an action on this kernel is in progress ({busy.replace('_kernel', '')}): "
-                                 "try again once it has finished")
-    kernel = km.get_kernel(kernel_id)
-    answer = await release(kernel, getattr(cfg, "release_timeout", 10.0))
-    if answer.get("status") == "ok" and holders is not None:
-        holders.forget(kernel_id)  # its figures changed: the next round asks again
-    return {"kernel_id": kernel_id, **answer}
-
-
-class ReleaseHandler(APIHandler):
-    """POST <base>/gpuctx/api/kernels/<id>/release → the kernel's release reply as JSON.
-
-    Mount before the generic kernels/<id>/<action> route. `initialize(api)` takes the GpuApi;
-    the holders and the kernel actions come from web_app.settings["gpuctx"] when the extension
-    put them there."""
-
-    auth_resource = "kernels"
-
-    def initialize(self, api):
-        self.api = api
-
-    @web.authenticated
-    @authorized
-    async def post(self, kernel_id: str):
-        shared = self.settings.get("gpuctx") or {}
-        answer = await release_answer(self.api.serverapp, self.api.cfg, kernel_id, shared.get("holders"),
-                                      shared.get("actions") or getattr(self.api, "actions", None))
-        if answer.get("status") == "ok":
-            self.log.info("gpuctx: released %s of cached GPU memory in kernel %s (asked through the API)",
-                          _gib(answer.get("released_total")), kernel_id)
-        self.finish(answer)
 
 
 # -- automatic release -----------------------------------------------------------------------------
@@ -101,16 +54,6 @@ class PressureRelease:
         self._evicted_at: dict[int, float] = {}  # ordinal -> when standbys were last evicted there
         self.released: dict[str, float | None] = {}  # kernel id -> its last_activity when released
         self.history: list[dict] = []  # what was released, newest last (bounded)
-
-    @classmethod
-    def from_config(cls, serverapp, cfg, pool=None, clock=time.time):
-        async def release_kernel(kernel_id: str) -> dict:
-            kernel = serverapp.kernel_manager.get_kernel(kernel_id)
-            return await release(kernel, cfg.release_timeout)
-
-        evict = getattr(pool, "evict", None)
-        return cls(cfg.release_below_free_fraction, cfg.release_idle_seconds, cfg.release_idle_after,
-                   release_kernel, evict, clock, serverapp.log)
 
     def _due(self, h: Holder, now: float, idle_for: float) -> bool:
         if h.standby or h.execution_state == "busy":
@@ -169,7 +112,7 @@ class PressureRelease:
             done.append(entry)
             if answer.get("status") == "ok":
                 self._log("info", "gpuctx: released %s of cached GPU memory in %s (kernel %s, idle %s s): %s",
-                          _gib(answer.get("released_total")), h.label(), h.id, int(entry["idle_s"] or 0), reasons[h.id])
+                          gib(answer.get("released_total")), h.label(), h.id, int(entry["idle_s"] or 0), reasons[h.id])
             else:
                 self._log("warning", "gpuctx: could not release the cache of %s (kernel %s): %s", h.label(), h.id,
                           answer.get("reason"))
@@ -184,18 +127,5 @@ class PressureRelease:
             getattr(self.log, level)(*args)
 
 
-def _gib(n) -> str:
+def gib(n) -> str:
     return f"{(n or 0) / 2**30:.2f} GiB"
-
-
-
-def mount(web_app, api) -> None:
-    """Add the release route ahead of every route added before it (the generic
-    kernels/<id>/<action> route would otherwise answer "unknown action"). Equivalent to listing
-    (rf"kernels/{kernel}/release", ReleaseHandler) before that route in handlers.setup_handlers."""
-    from jupyter_server.utils import url_path_join
-
-    path = url_path_join(web_app.settings["base_url"], "gpuctx", "api", r"kernels/(?P<kernel_id>[^/]+)/release")
-    web_app.add_handlers(".*$", [(path, ReleaseHandler, {"api": api})])
-    rules = web_app.default_router.rules
-    rules.insert(0, rules.pop(-2))  # add_handlers puts a host's rules before the catch-all, last

@@ -6,14 +6,15 @@ The automatic reserve keeps RESERVE standby for each kernelspec that a running G
 warmed for the notebook used last on its device. Whatever the mode, no standby starts where it
 would leave a GPU below `pool_min_free_fraction` free or the host below HOST_FLOOR of its memory
 available; the GPUs are read from the holders round (holders.py), never by a sampler of our own.
+Which kernels are GPU notebooks' comes from what the launcher gave them and from their notebooks,
+read by the one notebook reader off the event loop.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from ..contract import DEVICE, SESSION, WARM, notebook_wants_gpu, opted_out, standby_holder_id
-from . import jupyter_internals as internals
+from ..contract import WarmSettings
+from ..contract.holders import standby_holder_id
 
 RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
 HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
@@ -42,31 +43,32 @@ def host_memory_available() -> float | None:
 
 
 class Reserve:
-    def __init__(self, mkm, cfg, serves):
-        self.mkm, self.cfg = mkm, cfg
-        self.serves = serves  # env -> whether a warmed kernel fits it (the pool's rule)
+    def __init__(self, mkm, cfg, launcher, holders):
+        self.mkm, self.cfg, self.launcher = mkm, cfg, launcher
         self.notebooks: dict[str, list[GpuNotebook]] = {}  # kernelspec -> its GPU notebooks, newest first
-        self.holders = None  # holders.Holders, once wired: the latest GPU inventory and who holds what
+        self.holders = holders  # the latest GPU inventory and who holds what (holders.Holders)
         self._seen: dict[str, float] = {}  # kernel id -> when first seen running (time.monotonic())
-        self._wants: dict[str, tuple[tuple, bool]] = {}  # notebook path -> ((mtime, size), uses a GPU)
 
     # -- which kernelspecs, for which notebook ------------------------------------------------------
-    def update(self, now: float) -> dict[str, list[GpuNotebook]]:
-        """Per kernelspec, the running notebooks that keep a reserve: kernels gpuctx warms (their
-        launch environment carries a warm plan) whose notebook uses a GPU, once they have run
-        pool_reserve_after s; the most recently active first."""
+    async def update(self, now: float) -> dict[str, list[GpuNotebook]]:
+        """Per kernelspec, the running notebooks that keep a reserve: kernels gpuctx warms whose
+        notebook uses a GPU (read off the event loop, again only when it changed on disk), once
+        they have run pool_reserve_after s; the most recently active first."""
         out: dict[str, list[GpuNotebook]] = {}
         running = set()
         for kid in list(self.mkm.list_kernel_ids()):
-            km = internals.get_registered(self.mkm, kid)
-            env = (internals.launch_args(km).get("env") or {}) if km is not None else {}
-            if km is None or WARM not in env or not self._uses_gpu(env):
+            record = self.launcher.launched.get(kid)
+            if record is None or not record.warmed or not await self._uses_gpu(record):
+                continue
+            try:
+                km = self.mkm.get_kernel(kid)
+            except KeyError:
                 continue
             running.add(kid)
             if now - self._seen.setdefault(kid, now) < self.cfg.pool_reserve_after:
                 continue
-            out.setdefault(km.kernel_name, []).append(
-                GpuNotebook(kid, env.get(SESSION), env.get(DEVICE, ""), getattr(km, "last_activity", None)))
+            out.setdefault(record.kernel_name, []).append(
+                GpuNotebook(kid, record.notebook, record.device, getattr(km, "last_activity", None)))
         for gone in set(self._seen) - running:
             del self._seen[gone]
         for notebooks in out.values():
@@ -82,23 +84,14 @@ class Reserve:
         """The notebook the next standby of `name` is warmed for: the one used last."""
         return (self.notebooks.get(name) or [None])[0]
 
-    def _uses_gpu(self, env: dict) -> bool:
-        """`serves`, reading each notebook again only when it changed on disk (this runs every
-        second, on the server's event loop)."""
-        if opted_out(env) or self.cfg.warm_policy != "auto":
-            return self.serves(env)
-        path = env.get(SESSION) or ""
-        try:
-            st = os.stat(path)
-            stamp = (st.st_mtime_ns, st.st_size)
-        except OSError:
-            stamp = None  # missing: not a GPU notebook (read_notebook says so too)
-        seen = self._wants.get(path)
-        if seen is None or seen[0] != stamp:
-            if len(self._wants) > 1000:
-                self._wants.clear()
-            seen = self._wants[path] = (stamp, stamp is not None and notebook_wants_gpu(path)[0])
-        return seen[1]
+    async def _uses_gpu(self, record) -> bool:
+        """Whether a warmed kernel is a GPU notebook's: by its warm settings, else its notebook."""
+        settings = WarmSettings.from_env(record.settings)
+        if not settings.warms:
+            return False
+        if settings.policy != "auto":
+            return True
+        return (await self.launcher.notebooks.facts(record.notebook)).wants_gpu()[0]
 
     # -- memory ------------------------------------------------------------------------------------
     def gpus(self) -> list:
@@ -108,7 +101,7 @@ class Reserve:
 
     def held(self) -> dict[str, dict[int, int]]:
         """Holder id -> {CUDA ordinal: bytes NVML lists}, as the last holders round found."""
-        return self.holders.latest[1] if self.holders is not None else {}
+        return self.holders.latest[1]
 
     def held_by(self, standby_pid: int | None) -> dict[int, int]:
         """{CUDA ordinal: bytes} NVML lists for a standby process."""
@@ -129,7 +122,7 @@ class Reserve:
         host = host_memory_available()
         if host is not None and host < HOST_FLOOR:
             return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
-        if self.holders is not None and self.holders.inventory is None:
+        if self.holders.inventory is None:
             return "reading the GPUs' memory first"
         for ordinal in self.next_ordinals():
             if self.below_floor(ordinal, STANDBY_MARGIN_MIB * 2**20):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 # Run in a kernel: wait for its warm-up (up to `wait` s) and print its record as JSON.
-STATUS = ("import json; m = get_ipython()._gpuctx_magics; m.warmer.wait({wait})\n"
+STATUS = ("import json; m = get_ipython()._gpuctx; m.warmer.wait({wait})\n"
           "print(json.dumps(dict(m.warmer.status.as_dict(), pid=__import__('os').getpid())))")
 
 

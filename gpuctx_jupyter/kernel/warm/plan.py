@@ -1,7 +1,8 @@
-"""The `notebook` warm recipe: what a notebook will ask of the kernel first, read before it runs.
+"""The `notebook` warm recipe: the plan of what a notebook will ask of the kernel first.
 
-A kernel reads its notebook (JPY_SESSION_NAME) at its own start — so every restart reads the
-notebook's current content — and derives a plan of steps, each with the line that asked for it:
+The notebook is read by the contract's one reader (`contract.notebook`: imports, frameworks,
+set-up, devices and what the cells run, each with its line; nothing runs); this module turns those
+facts into the kernel's plan of steps, each with the line that asked for it:
 
   set-up     literal environment settings at the top of the notebook that must precede its imports
              (applied when they are on a known safe list and do not contradict the kernel's own
@@ -13,29 +14,20 @@ notebook's current content — and derives a plan of steps, each with the line t
   GPU work   on the device(s) the notebook names: the ops its cells will run first — precisions,
              convolutions, attention, autograd and optimizer steps when it trains
 
-Reading never runs the notebook's code: cells are parsed (IPython syntax turned into Python by
-IPython's own TransformerManager), imports are resolved with importlib.util.find_spec on the
-top-level package only, which imports nothing.
+Imports are resolved with importlib.util.find_spec on the top-level package only, which imports
+nothing, in this kernel's environment (which is why this half lives on the kernel side).
 """
 from __future__ import annotations
 
-import ast
-import functools
 import importlib.util
 import os
-import re
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 
-from ..contract import (
-    DEFAULT_OPS,
-    FRAMEWORK_OF,
-    NOTEBOOK_FRAMEWORKS,
-    code_cells,
-    notebook_opts_out,
-    read_notebook,
-)
+from ...contract import DEFAULT_OPS, NOTEBOOK_FRAMEWORKS
+from ...contract import notebook as nbread
+from ...contract.notebook import Event, Facts
 
 MAX_IMPORTS = 30
 IMPORT_BUDGET_S = 60.0
@@ -65,29 +57,6 @@ SAFE_ENV_PREFIXES = ("XLA_", "JAX_")
 # cannot apply means it must not start CUDA before the notebook does.
 GPU_ENV_PREFIXES = ("CUDA_", "CUBLAS", "CUDNN", "NVIDIA_", "PYTORCH_", "TORCH_CUDA", "XLA_", "JAX_", "CUPY_",
                     "NUMBA_", "NCCL_", "TF_")
-
-# What the notebook's code says it will run; the first line matching each names the step.
-_SIGNALS = {
-    "training": re.compile(r"\.backward\(|\btorch\.optim\b|\boptim\.\w+\(|\b(?:AdamW?|SGD|RMSprop|Adagrad|Adadelta|"
-                           r"Adamax|NAdam|RAdam|LBFGS|Lion)\(|\bGradScaler\b|\bTrainer\(|\bLightningModule\b|"
-                           r"\bloss\.backward\b|\baccelerator\.backward\b"),
-    "adamw": re.compile(r"\bAdamW?\(|\boptim\.Adam|\bTrainer\(|\bLightningModule\b"),
-    "sgd": re.compile(r"\bSGD\("),
-    "grad_scaler": re.compile(r"\bGradScaler\b"),
-    "autocast": re.compile(r"\bautocast\b"),
-    "bf16": re.compile(r"\bbfloat16\b|\bbf16\b|\.bfloat16\(\)"),
-    "fp16": re.compile(r"\bfloat16\b|\bfp16\b|\.half\(\)|\bGradScaler\b"),
-    "tf32": re.compile(r"\ballow_tf32\b|\bset_float32_matmul_precision\b"),
-    "conv": re.compile(r"\bConv[123]d\b|\bconv[123]d\(|\bConvTranspose[123]d\b|\bBatchNorm[123]d\b|"
-                       r"\btorchvision\b|\btimm\b|\bresnet\w*\(|\bvgg\w*\(|\befficientnet\w*\("),
-    "attention": re.compile(r"\bscaled_dot_product_attention\b|\bMultiheadAttention\b|\bTransformer(?:Encoder|"
-                            r"Decoder)?(?:Layer)?\(|\btransformers\b"),
-    "numba_cuda": re.compile(r"\bnumba\.cuda\b|\bfrom numba import\b.*\bcuda\b|\bcuda\.jit\b"),
-}
-_CUDA_LITERAL = re.compile(r"""["']cuda:(\d+)["']|torch\.device\(\s*["']cuda["']\s*,\s*(\d+)\s*\)""")
-_CELL_MAGIC = re.compile(r"^\s*%%(\w+)[ \t]*(.*)$")
-_CODE_CELL_MAGICS = {"time", "timeit", "capture", "prun", "on_gpu"}  # their body is Python
-
 
 @dataclass
 class Step:
@@ -160,175 +129,6 @@ class Plan:
         return step
 
 
-# -- reading cells ---------------------------------------------------------------------------------
-@dataclass
-class _Cell:
-    number: int
-    lines: list[str]  # the cell's source lines (for quoting)
-    tree: ast.Module | None
-    offset: int  # lines before the parsed code (a leading cell magic)
-    magic: tuple[str, str] | None  # a leading cell magic: (name, arguments)
-    error: str = ""
-
-    def where(self, lineno: int) -> tuple[str, str]:
-        n = lineno + self.offset
-        code = self.lines[n - 1] if 0 < n <= len(self.lines) else ""
-        return f"cell {self.number}, line {n}", code
-
-
-def _strip_magics(src: str) -> str:
-    """IPython syntax as Python that keeps every line where it was: magics, shell escapes and help
-    requests become `pass` (the fallback when IPython's transformer cannot read a cell)."""
-    out = []
-    for line in src.splitlines():
-        stripped = line.lstrip()
-        if stripped.startswith(("%", "!", "?")) or stripped.rstrip().endswith("?"):
-            out.append(line[: len(line) - len(stripped)] + "pass")
-        else:
-            out.append(line)
-    return "\n".join(out)
-
-
-def _read_cell(number: int, src: str) -> _Cell:
-    lines = src.splitlines()
-    first = next((i for i, line in enumerate(lines) if line.strip()), None)
-    offset, magic, body = 0, None, src
-    if first is not None:
-        m = _CELL_MAGIC.match(lines[first])
-        if m:
-            magic = (m.group(1), m.group(2).strip())
-            if magic[0] not in _CODE_CELL_MAGICS:
-                return _Cell(number, lines, None, first + 1, magic)
-            offset, body = first + 1, "\n".join(lines[first + 1:])
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        code = TransformerManager().transform_cell(body)
-    except Exception:  # noqa: BLE001 — IPython's transformer may raise anything on odd input: strip instead
-        code = _strip_magics(body)
-    try:
-        tree = ast.parse(code)
-    except SyntaxError as exc:
-        try:  # IPython's transformer may have moved lines; the plain strip keeps them
-            tree = ast.parse(_strip_magics(body))
-        except SyntaxError:
-            line = (exc.lineno or 1) + offset
-            return _Cell(number, lines, None, offset, magic, error=f"cell {number}: syntax error on line {line} "
-                                                                    f"({exc.msg}): its imports are not warmed")
-    except (ValueError, RecursionError) as exc:
-        return _Cell(number, lines, None, offset, magic, error=f"cell {number}: cannot parse ({exc})")
-    return _Cell(number, lines, tree, offset, magic)
-
-
-def _const_str(node) -> str | None:
-    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-
-
-def _dotted(node) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    elif isinstance(node, ast.Call) and _dotted(node.func) == "get_ipython":
-        parts.append("get_ipython()")
-    return ".".join(reversed(parts))
-
-
-@dataclass
-class _Event:
-    """A top-level statement that matters to the plan, in notebook order."""
-
-    kind: str  # import | env | barrier | device
-    where: str
-    code: str
-    module: str = ""
-    names: tuple[str, ...] = ()
-    env: tuple[str, str | None] | None = None  # (name or "", literal value or None)
-    why: str = ""  # barrier: what it changes
-    device: str = ""
-
-
-def _events(cell: _Cell) -> list[_Event]:
-    out: list[_Event] = []
-    if cell.magic and cell.magic[0] == "on_gpu" and cell.magic[1]:
-        where = f"cell {cell.number}, line {cell.offset}"
-        out.append(_Event("device", where, cell.lines[cell.offset - 1], device=cell.magic[1].split()[0]))
-    if cell.tree is None:
-        return out
-    for node in cell.tree.body:
-        ev = functools.partial(_emit, out, *cell.where(node.lineno))
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                ev("import", module=alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module:
-                ev("import", module=node.module, names=tuple(a.name for a in node.names if a.name != "*"))
-        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Subscript) and _dotted(target.value) in ("os.environ", "environ"):
-                    key = _const_str(target.slice)
-                    value = _const_str(node.value) if isinstance(node, ast.Assign) else None
-                    ev("env", env=(key or "", value))
-                elif _dotted(target) in ("sys.path", "os.environ", "environ"):
-                    ev("barrier", why="replaces sys.path" if _dotted(target) == "sys.path" else "replaces os.environ")
-        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            _call_event(node.value, ev)
-    return out
-
-
-def _emit(out: list, where: str, code: str, kind: str, **kw) -> None:
-    out.append(_Event(kind, where, code, **kw))
-
-
-def _call_event(call: ast.Call, ev) -> None:
-    name = _dotted(call.func)
-    args = [_const_str(a) for a in call.args]
-    if name == "get_ipython().run_line_magic" and len(args) >= 2 and args[0]:
-        magic, rest = args[0], (args[1] or "").strip()
-        if magic == "gpu" and rest.split()[:1] == ["use"] and len(rest.split()) > 1:
-            ev("device", device=rest.split()[1])
-        elif magic == "env":
-            m = re.match(r"^(\w+)\s*[= ]\s*(.*)$", rest)
-            if m:
-                ev("env", env=(m.group(1), m.group(2)))
-            elif rest and not re.match(r"^\w+$", rest):
-                ev("env", env=("", None))
-        elif magic in ("pip", "conda", "mamba", "uv"):
-            ev("barrier", why=f"%{magic} may install or upgrade packages")
-        elif magic == "cd":
-            ev("barrier", why="%cd changes the working directory")
-        elif magic in ("run", "dotenv"):
-            ev("env", env=("", None))  # may set anything
-    elif name == "get_ipython().system" and args and args[0] and re.match(r"\s*(pip|conda|mamba|uv)\b", args[0]):
-        ev("barrier", why="a shell command may install or upgrade packages")
-    elif name in ("os.environ.setdefault", "environ.setdefault") and len(args) >= 2:
-        ev("env", env=(args[0] or "", args[1]))
-    elif name in ("os.environ.update", "environ.update"):
-        pairs = call.args[0] if call.args else None
-        if isinstance(pairs, ast.Dict) and all(_const_str(k) for k in pairs.keys):
-            for k, v in zip(pairs.keys, pairs.values):
-                ev("env", env=(_const_str(k), _const_str(v)))
-        else:
-            ev("env", env=("", None))
-    elif name in ("os.putenv",):
-        ev("env", env=(args[0] or "", args[1] if len(args) > 1 else None))
-    elif name in ("sys.path.append", "sys.path.insert", "sys.path.extend", "sys.path.remove", "site.addsitedir"):
-        ev("barrier", why="changes sys.path")
-    elif name in ("os.chdir",):
-        ev("barrier", why="changes the working directory")
-    elif name.rsplit(".", 1)[-1] == "load_dotenv":
-        ev("env", env=("", None))  # sets whatever the .env file holds
-    elif name in ("torch.cuda.set_device", "cuda.set_device") and call.args:
-        arg = call.args[0]
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, int) and not isinstance(arg.value, bool):
-            ev("device", device=str(arg.value))
-        elif _const_str(arg):
-            ev("device", device=_const_str(arg).removeprefix("cuda:"))
-
-
 # -- resolving imports ----------------------------------------------------------------------------
 def _site_dirs() -> list[str]:
     dirs = set()
@@ -392,8 +192,9 @@ def denied(module: str, deny) -> str | None:
 # -- the plan --------------------------------------------------------------------------------------
 def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), extra_imports=(),
            deny=DEFAULT_DENY, max_imports: int = MAX_IMPORTS, environ=None, installed=None,
-           cwd: str | None = None) -> Plan:
-    """The `notebook` recipe's plan for the notebook at `path` (read now, from disk).
+           cwd: str | None = None, facts: Facts | None = None) -> Plan:
+    """The `notebook` recipe's plan for the notebook at `path` (read now, from disk, unless its
+    `facts` are given: cells a frontend holds that are not saved yet).
 
     `installed(name) -> bool` says whether a framework is installed (default: find_spec);
     `environ` is the kernel's environment (default os.environ), which the notebook's set-up never
@@ -403,16 +204,15 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     plan = Plan(recipe="notebook", notebook=path or "")
     for module in extra_imports:
         plan.add(Step("import", f"import {module}", where="warm_imports", module=module))
-    nb, why = read_notebook(path)
-    if nb is None:
-        plan.reading = why
+    facts = nbread.read(path) if facts is None else facts
+    if facts.error:
+        plan.reading = facts.error
         return _fallback(plan, frameworks_fallback, extra_ops)
-    if notebook_opts_out(nb):
+    if facts.opts_out:
         plan.reading, plan.gpu, plan.steps = "the notebook opts out (metadata gpuctx.warm = false)", False, []
         return plan
-    cells = [_read_cell(number, src) for number, src in code_cells(nb)]
-    plan.notes += [c.error for c in cells if c.error]
-    if not any(src.strip() for _n, src in code_cells(nb)):
+    plan.notes += facts.notes
+    if facts.new:
         plan.reading = "a new notebook (no code yet): importing only, no CUDA"
         plan.recipe, plan.gpu = "imports only", False
         torch = [f for f in frameworks_fallback if f == "torch" and installed(f)]
@@ -420,20 +220,18 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
             plan.add(Step("framework", f"import {name}", where="new notebook", framework=name, module=name))
         plan.frameworks = torch
         return plan
-    plan.reading = f"{len(cells)} code cells read"
-    sources = {c.number: c.lines for c in cells}
-    events = [ev for c in cells for ev in _events(c)]
-    used = _frameworks_used(cells)
+    plan.reading = f"{facts.code_cells} code cells read"
+    used = {fw: (str(w), w.code) for fw, w in facts.frameworks.items()}
     plan.frameworks = [f for f in NOTEBOOK_FRAMEWORKS if f in used]
-    _setup_and_imports(plan, events, path, deny, max_imports, environ, cwd)
+    _setup_and_imports(plan, facts.events, path, deny, max_imports, environ, cwd)
     if not plan.frameworks:
-        if not _uses_gpuctx(cells):
+        if facts.magics is None:
             plan.reading += "; no GPU framework used"
             plan.gpu = False
             return plan
         plan.frameworks = [f for f in frameworks_fallback if installed(f)]
-    signals = _signals(sources)
-    _devices(plan, events, sources)
+    signals = {name: (str(w), w.code) for name, w in facts.signals.items()}
+    _devices(plan, facts)
     present = []
     for name in plan.frameworks:
         where, code = used.get(name) or ("notebook", "")
@@ -492,59 +290,25 @@ def _find(name: str) -> bool:
         return False
 
 
-def _frameworks_used(cells: list[_Cell]) -> dict[str, tuple[str, str]]:
-    """Framework -> (where, line) of its first import anywhere in the notebook (in functions too)."""
-    used: dict[str, tuple[str, str]] = {}
-    for cell in cells:
-        if cell.tree is None:
-            continue
-        for node in ast.walk(cell.tree):
-            mods = []
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                mods = [node.module]
-            for mod in mods:
-                fw = FRAMEWORK_OF.get(mod.split(".")[0])
-                if fw and fw not in used:
-                    used[fw] = cell.where(node.lineno)
-    return used
-
-
-def _uses_gpuctx(cells: list[_Cell]) -> bool:
-    return any(re.search(r"^\s*%%?(?:gpu|on_gpu)\b", "\n".join(c.lines), re.MULTILINE) for c in cells)
-
-
-def _signals(sources: dict[int, list[str]]) -> dict[str, tuple[str, str]]:
-    """Signal -> (where, line) of the first line that shows it."""
-    found: dict[str, tuple[str, str]] = {}
-    for number, lines in sources.items():
-        for i, line in enumerate(lines, start=1):
-            code = line.split("#", 1)[0]
-            for name, rx in _SIGNALS.items():
-                if name not in found and rx.search(code):
-                    found[name] = (f"cell {number}, line {i}", line)
-    return found
-
-
-def _setup_and_imports(plan: Plan, events: list[_Event], path, deny, max_imports, environ, cwd) -> None:
+def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports, environ, cwd) -> None:
     nb_dir = os.path.dirname(os.path.abspath(path)) if path else None
     warm_imports = 0
     seen = {s.module for s in plan.steps}
     for ev in events:
+        where, code = str(ev.where), ev.where.code
         if ev.kind == "env":
             _env_step(plan, ev, environ, before_imports=warm_imports == 0)
         elif ev.kind == "barrier":
-            plan.add(Step("setup", ev.why, where=ev.where, code=ev.code, state="skipped",
+            plan.add(Step("setup", ev.why, where=where, code=code, state="skipped",
                           detail="not done by the warm-up: the imports after it are left to your notebook"))
-            plan.stopped = plan.stopped or f"imports stop at {ev.where} ({ev.why})"
+            plan.stopped = plan.stopped or f"imports stop at {where} ({ev.why})"
         elif ev.kind == "import":
             top = ev.module.split(".")[0]
             if top in sys.stdlib_module_names or top == "__future__" or ev.module in seen:
                 continue
             seen.add(ev.module)
             step = Step("import", f"import {ev.module}" if not ev.names else f"from {ev.module} import "
-                        f"{', '.join(ev.names)}", where=ev.where, code=ev.code, module=ev.module, names=ev.names)
+                        f"{', '.join(ev.names)}", where=where, code=code, module=ev.module, names=ev.names)
             plan.add(step)
             entry = denied(ev.module, deny)
             if plan.stopped:
@@ -561,10 +325,11 @@ def _setup_and_imports(plan: Plan, events: list[_Event], path, deny, max_imports
                     step.state, step.detail = "skipped", why
 
 
-def _env_step(plan: Plan, ev: _Event, environ, before_imports: bool) -> None:
+def _env_step(plan: Plan, ev: Event, environ, before_imports: bool) -> None:
     name, value = ev.env or ("", None)
+    where, code = str(ev.where), ev.where.code
     label = f"set {name}={value}" if name and value is not None else f"set {name or 'environment variables'}"
-    step = plan.add(Step("setup", label, where=ev.where, code=ev.code, env=(name, value) if name else None))
+    step = plan.add(Step("setup", label, where=where, code=code, env=(name, value) if name else None))
     safe = name in SAFE_ENV or name.startswith(SAFE_ENV_PREFIXES)
     current = environ.get(name) if name else None
     if name and value is not None and current == value:
@@ -582,29 +347,26 @@ def _env_step(plan: Plan, ev: _Event, environ, before_imports: bool) -> None:
     if not reason:
         return  # planned: applied before anything else
     step.state, step.detail, step.env = "skipped", reason, None
-    plan.stopped = plan.stopped or f"imports stop at {ev.where} (set-up the warm-up leaves to your notebook)"
+    plan.stopped = plan.stopped or f"imports stop at {where} (set-up the warm-up leaves to your notebook)"
     if not name or name.startswith(GPU_ENV_PREFIXES):
-        plan.gpu_blocked = plan.gpu_blocked or (f"no GPU work before your notebook's own set-up at {ev.where} "
-                                                f"({(ev.code or '').strip()[:60]})")
+        plan.gpu_blocked = plan.gpu_blocked or (f"no GPU work before your notebook's own set-up at {where} "
+                                                f"({(code or '').strip()[:60]})")
 
 
-def _devices(plan: Plan, events: list[_Event], sources: dict[int, list[str]]) -> None:
+def _devices(plan: Plan, facts: Facts) -> None:
     """The device(s) the notebook names: its first `%gpu use`, `%%on_gpu` or set_device first,
     then every other cuda:N literal."""
     specs: list[str] = []
-    for ev in events:
+    for ev in facts.events:
         if ev.kind == "device" and ev.device not in specs:
             if not specs:
-                plan.device_where = f"{ev.where}: {ev.code.strip()}"
+                plan.device_where = f"{ev.where}: {ev.where.code.strip()}"
             specs.append(ev.device)
-    for number, lines in sources.items():
-        for i, line in enumerate(lines, start=1):
-            for m in _CUDA_LITERAL.finditer(line.split("#", 1)[0]):
-                n = m.group(1) or m.group(2)
-                if n not in specs:
-                    if not specs:
-                        plan.device_where = f"cell {number}, line {i}: {line.strip()}"
-                    specs.append(n)
+    for n, where in facts.cuda_literals:
+        if n not in specs:
+            if not specs:
+                plan.device_where = f"{where}: {where.code.strip()}"
+            specs.append(n)
     plan.devices = specs[:MAX_DEVICES]
 
 

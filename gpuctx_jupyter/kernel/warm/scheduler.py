@@ -1,10 +1,8 @@
-"""Pre-warming in a background thread, so the notebook's first cells run at steady-state speed.
+"""When the warm-up runs, and how it gives way to the user: the one warm-up thread of a kernel.
 
-The thread carries out a plan (`notebook_plan`): by default what the kernel's notebook will run
-first — its set-up, its imports, its GPU frameworks, and the GPU work of its first cells
-(precisions, convolutions, attention, a backward and an optimizer step when it trains) on the
-device it names — or the fixed `basic` recipe. Then it exits: its cuBLAS and cuDNN handles go back
-to torch's pools, so it leaves no extra GPU memory behind.
+The thread carries out a plan (`plan.py`): by default what the kernel's notebook will run first,
+or the fixed `basic` recipe; what each framework's GPU steps do is its recipe's (`recipes/`). Then
+it exits: its cuBLAS and cuDNN handles go back to torch's pools, so it leaves no extra GPU memory.
 
 It gives way to the user. It starts after the kernel's first kernel_info reply (readiness is not
 delayed); it starts no step while a cell runs, and no heavy step (an import, torch._dynamo)
@@ -14,7 +12,6 @@ GPU work, the warm-up does no more of its own. Failures are recorded, logged onc
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import logging
 import os
@@ -24,14 +21,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from traitlets import Enum, Float, Int, List, Unicode, default
-from traitlets.config import Configurable
-
-from ..contract import DEFAULT_OPS, OPS, RECIPES, WarmPlan
-from ..core import frameworks as fws
-from ..core import inventory
-from . import notebook_plan
-from .notebook_plan import Plan, Step
+from ...contract import DEFAULT_OPS
+from ...core import frameworks as fws
+from ...core import inventory
+from . import plan as plans
+from .plan import Plan, Step
+from .recipes import RECIPES, recipe
 
 log = logging.getLogger("gpuctx")
 # A cell that names one of these does its own first GPU work: the warm-up then does no more GPU
@@ -42,111 +37,8 @@ _IMPORTS = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", re.MULTILINE)
 # a frontend connecting sends several (the server's nudge on shell and control, the frontend's own),
 # and an import holding the GIL must not delay the one that makes the frontend say "ready".
 START_GRACE_S = 0.25
-# Ops after which this thread holds cuBLAS/cuDNN handles of its own: while it lives, a user's
-# thread doing the same gets a second set (~100 MiB); once it exits, they go back to torch's pools.
-HANDLE_OPS = {"matmul_fp32", "matmul_bf16", "matmul_fp16", "conv", "conv_bf16", "attention", "autocast", "backward",
-              "grad_scaler", "optimizer"}
 LIGHT_IDLE_S = 0.2  # after a cell: the user idle this long before a light step (one GPU op)
 HEAVY_IDLE_S = 1.0  # ... and this long before a heavy one (an import, torch._dynamo)
-
-
-class GpuWarmup(Configurable):
-    """Kernel-side warm-up settings (`c.GpuWarmup.<trait>` in ipython_kernel_config.py).
-
-    The jupyter_server extension sets them per kernel through GPUCTX_* environment variables;
-    a kernel that jupyter_server does not start (VS Code, a JupyterHub image) sets them in its
-    own config together with `c.IPKernelApp.extensions = ["gpuctx"]`.
-    """
-
-    policy = Enum(
-        ["never", "always", "auto"],
-        help="""When the kernel warms at start-up. 'always': every kernel. 'auto': only kernels
-        whose notebook uses a GPU framework (imports torch/cupy/jax/numba or a library built on one, e.g.
-        transformers, or uses %gpu / %%on_gpu), and a new, empty notebook's imports (no CUDA): a warmed kernel holds ~630 MiB
-        of GPU memory. 'never': only `%gpu warm`. GPUCTX_WARM=0 in the kernel's environment always
-        wins (opt-out).""",
-    ).tag(config=True)
-
-    recipe = Enum(
-        list(RECIPES),
-        help="""What the kernel warms. 'notebook': what its notebook runs, read at every kernel
-        start from the notebook's current content — its top-level imports of installed packages,
-        the GPU frameworks it uses and no other, its precisions, a backward and an optimizer step
-        when it trains, on the device it names (`%gpu use`, `%%on_gpu`, `cuda:N`). 'basic': the
-        fixed recipe (`frameworks`, `ops`, `imports`). `ops` and `imports` add to either.""",
-    ).tag(config=True)
-
-    frameworks = List(
-        Unicode(), help="""Frameworks to import and warm, in order (torch, cupy, jax): the basic recipe's,
-        and the notebook recipe's when a notebook uses gpuctx's magics but imports no framework."""
-    ).tag(config=True)
-
-    ops = List(
-        Unicode(), help=f"Operations to run once CUDA is up; any of {', '.join(OPS)}."
-    ).tag(config=True)
-
-    imports = List(
-        Unicode(), help="Other slow-to-import modules to import first (e.g. transformers, lightning)."
-    ).tag(config=True)
-
-    import_deny = List(
-        Unicode(), default_value=list(notebook_plan.DEFAULT_DENY),
-        help="""Modules (and their submodules) the notebook recipe never imports in the background,
-        because importing them does more than define things: starts CUDA or preallocates GPU memory
-        (pycuda.autoinit, tensorflow), picks a GUI backend (matplotlib.pyplot), logs in or prompts
-        (wandb, google.colab). Set the full list to change it.""",
-    ).tag(config=True)
-
-    max_imports = Int(
-        notebook_plan.MAX_IMPORTS, help="At most this many of the notebook's imports are warmed."
-    ).tag(config=True)
-
-    import_budget = Float(
-        notebook_plan.IMPORT_BUDGET_S,
-        help="""Seconds the warm-up spends on imports in all; an import still running then is left
-        to finish in the background, and the rest are left to the notebook.""",
-    ).tag(config=True)
-
-    start_within = Float(
-        1.0, help="""Seconds after loading by which the warm-up starts at the latest; it starts
-        earlier, right after the kernel's first kernel_info reply, so readiness is never delayed."""
-    ).tag(config=True)
-
-    device = Unicode(
-        help="""Device this kernel starts on (a spec such as '1' or 'GPU-…'); empty: CUDA's
-        default. Set by the server's device assignment through GPUCTX_DEVICE; a device the
-        notebook names wins."""
-    ).tag(config=True)
-
-    device_source = Unicode(help="Who chose `device`, shown by %gpu status.").tag(config=True)
-
-    @default("policy")
-    def _policy_default(self):
-        return WarmPlan.from_env().policy
-
-    @default("recipe")
-    def _recipe_default(self):
-        return WarmPlan.from_env().recipe
-
-    @default("frameworks")
-    def _frameworks_default(self):
-        return WarmPlan.from_env().frameworks
-
-    @default("ops")
-    def _ops_default(self):
-        return WarmPlan.from_env().ops
-
-    @default("imports")
-    def _imports_default(self):
-        return WarmPlan.from_env().imports
-
-    @default("device")
-    def _device_default(self):
-        return WarmPlan.from_env().device
-
-    @default("device_source")
-    def _source_default(self):
-        return WarmPlan.from_env().device_source or ("kernel config" if self.device else "")
 
 
 @dataclass
@@ -198,7 +90,7 @@ class Warmer:
         self.switcher = switcher
         self.status = WarmState()
         self.plan: Plan | None = None  # what the running or last warm-up does (as_dict(), lines())
-        self.import_budget = notebook_plan.IMPORT_BUDGET_S
+        self.import_budget = plans.IMPORT_BUDGET_S
         self._thread: threading.Thread | None = None
         self._pending: tuple | None = None  # a start scheduled for the kernel's first kernel_info reply
         self._grace: threading.Timer | None = None
@@ -212,7 +104,7 @@ class Warmer:
         self._last_cell_end: float | None = None
         self._waiters = 0  # threads in wait(): the warm-up does not pause for them
         self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
-        self._holds_handles = False  # this thread ran a HANDLE_OPS op: it steps aside for a GPU cell
+        self._holds_handles = False  # this thread holds library handles: it steps aside for a GPU cell
         self._importing: threading.Event | None = None  # set when the import in flight ends
         self._import_deadline = 0.0
         self._cell_started: float | None = None
@@ -225,7 +117,7 @@ class Warmer:
     def start(self, frameworks=("torch",), ops=DEFAULT_OPS, device: int | None = None, source: str = "%gpu warm",
               imports=()) -> bool:
         """Start the basic recipe now (False when a warm-up is already running)."""
-        plan = notebook_plan.basic(tuple(frameworks), tuple(ops), tuple(imports))
+        plan = plans.basic(tuple(frameworks), tuple(ops), tuple(imports))
         return self.start_plan(lambda: plan, device=device, source=source)
 
     def start_plan(self, make_plan, device: int | None = None, source: str = "") -> bool:
@@ -457,8 +349,27 @@ class Warmer:
                     self.status.phase = f"starting {step.name} once your cells finish"
                     self._cond.wait(1.0)
 
+    # -- what a recipe may ask (recipes.Run) ------------------------------------------------------
+    @property
+    def cells_started(self) -> int:
+        return self._cells_started
+
+    @property
+    def user_gpu(self) -> bool:
+        return self._user_gpu
+
+    def phase(self, step: Step, fn, heavy: bool = False, handles: bool = False) -> bool:
+        """Run one step as a phase of the record when it is its turn; True when it ran. `handles`:
+        this thread holds library handles of its own afterwards (it then steps aside for a GPU cell)."""
+        ran = self._phase(step, fn, heavy)
+        if ran and handles:
+            self._holds_handles = True
+        return ran
+
+    def import_module(self, step: Step) -> None:
+        self._import(step)
+
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
-        """Run one step as a phase of the record; True when it ran."""
         self._turn(step, heavy)
         if self._stepping_aside:
             raise _SteppedAside
@@ -551,7 +462,7 @@ class Warmer:
         """CUDA ordinals to warm: the notebook's, else the given one, else the kernel's choice."""
         ordinals = []
         if plan.devices:
-            from ..core.devices import SpecError, parse_spec
+            from ...core.devices import SpecError, parse_spec
 
             devices = inventory.take().devices
             for spec in plan.devices:
@@ -578,7 +489,7 @@ class Warmer:
         if sw is None or (sw.choice is not None and sw.choice.ordinal == ordinal):
             return
         if sw.choice is None or "server" in sw.choice.source or "config" in sw.choice.source:
-            from .switching import Choice
+            from ..switching import Choice
 
             sw.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
 
@@ -592,160 +503,17 @@ class Warmer:
                 steps = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
                               framework=s.framework, names=s.names) for s in template]
                 plan.steps += steps
-            for fw in ("torch", "cupy"):
+            for fw in RECIPES:
                 mine = [s for s in steps if s.framework == fw]
                 if mine:
-                    getattr(self, f"_{fw}_steps")(plan, mine, ordinal)
+                    recipe(fw).gpu(self, mine, ordinal)
 
     def _cpu_steps(self, plan: Plan) -> None:
-        """No GPU: what still helps on the CPU — the optimizer's torch._dynamo import and one
-        training step (autograd and the optimizers' first use)."""
-        step = next((s for s in plan.steps if s.op == "optimizer" and s.state == "planned"), None)
-        if step is None or "torch" not in sys.modules:
-            if step is not None:
-                step.state = "skipped"
-            return
-        import torch
-
-        if "torch._dynamo" not in sys.modules:
-            dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
-                       detail="what an optimizer's first use imports")
-            plan.steps.insert(plan.steps.index(step), dyn)
-            self._import(dyn)
-        step.name = f"{step.name} on the CPU"
-        self._phase(step, lambda: _train_step(torch, torch.device("cpu"), step.names or ("adamw", "sgd")), heavy=True)
-
-    def _torch_steps(self, plan: Plan, steps: list[Step], ordinal: int) -> None:
-        """What first cells run: each op loads its kernels (CUDA loads them lazily, process-wide)
-        and creates the library handles that the user's thread then takes from torch's pools."""
-        import torch
-        import torch.nn.functional as F
-
-        dev = torch.device("cuda", ordinal)
-        ops = {s.op for s in steps}
-        t = {}
-        cells_before = self._cells_started
-
-        def cuda_init():
-            if not torch.cuda.is_initialized():
-                torch.cuda.init()
-            torch.cuda.set_device(dev)
-
-        def alloc():
-            t["x"] = torch.randn(1024, 1024, device=dev)
-            t["y"] = torch.rand(1024, 1024, device=dev)
-            torch.zeros(16, device=dev), torch.ones(16, device=dev), torch.arange(16, device=dev)
-            torch.tensor([1.0, 2.0]).to(dev)
-
-        def elementwise():
-            x, y = _xy(t, torch, dev)
-            z = torch.relu((x + y) * 2 - 1)
-            z.sum().item(), z.mean().item(), z.max().item(), z.argmax().item()
-            torch.softmax(z, dim=-1), torch.exp(z).cpu()
-            h = torch.randn(8, 64, device=dev)
-            F.gelu(h), F.layer_norm(h, (64,)), F.dropout(h, 0.1, training=True), torch.cat([h, h])
-            F.cross_entropy(h, torch.zeros(8, dtype=torch.long, device=dev)).item()
-            F.mse_loss(h, h).item()
-            F.embedding(torch.zeros(4, dtype=torch.long, device=dev), torch.randn(10, 64, device=dev))
-
-        def matmul(dtype):
-            def run():
-                x, y = _xy(t, torch, dev)
-                (x.to(dtype) @ y.to(dtype)).float().sum().item()
-                F.linear(x[:64].to(dtype), y[:32].to(dtype), torch.zeros(32, device=dev, dtype=dtype)).sum().item()
-            return run
-
-        def conv(dtypes):
-            def run():
-                img, weight = torch.randn(8, 3, 64, 64, device=dev), torch.randn(16, 3, 3, 3, device=dev)
-                for dtype in dtypes:
-                    out = F.conv2d(img.to(dtype), weight.to(dtype), padding=1)
-                    out = F.batch_norm(out, None, None, torch.ones(16, device=dev, dtype=dtype),
-                                       torch.zeros(16, device=dev, dtype=dtype), training=True)
-                    F.adaptive_avg_pool2d(F.max_pool2d(F.relu(out), 2), 1).float().sum().item()
-            return run
-
-        def attention():
-            for dtype in (torch.float32, torch.bfloat16) if "matmul_bf16" in ops or "autocast" in ops else (
-                    torch.float32,):
-                q = torch.randn(2, 4, 64, 32, device=dev, dtype=dtype, requires_grad="backward" in ops)
-                out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-                if q.requires_grad:
-                    out.float().sum().backward()
-                out.float().sum().item()
-
-        def autocast():
-            dtypes = [d for d, op in ((torch.bfloat16, "matmul_bf16"), (torch.float16, "matmul_fp16")) if op in ops]
-            for dtype in dtypes or [torch.bfloat16]:
-                with torch.autocast("cuda", dtype=dtype):
-                    x, y = _xy(t, torch, dev)
-                    (x @ y).float().sum().item()
-                    if "conv" in ops:
-                        conv((torch.float32,))()
-
-        def backward():
-            net = _tiny_net(torch, "conv" in ops).to(dev)
-            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)), torch.zeros(4, dtype=torch.long,
-                                                                                         device=dev))
-            loss.backward()
-
-        def grad_scaler():
-            net = _tiny_net(torch, "conv" in ops).to(dev)
-            opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-            scaler = torch.amp.GradScaler("cuda")
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
-                                       torch.zeros(4, dtype=torch.long, device=dev))
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-
-        work = {"cuda_init": cuda_init, "alloc": alloc, "elementwise": elementwise,
-                "matmul_fp32": matmul(torch.float32), "matmul_bf16": matmul(torch.bfloat16),
-                "matmul_fp16": matmul(torch.float16), "conv": conv((torch.float32, torch.float16)),
-                "conv_bf16": conv((torch.bfloat16,)), "attention": attention, "autocast": autocast,
-                "backward": backward, "grad_scaler": grad_scaler}
-        try:
-            for step in steps:
-                if step.state != "planned":
-                    continue
-                if step.op == "optimizer":
-                    dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
-                               detail="what an optimizer's first use imports")
-                    if "torch._dynamo" not in sys.modules:
-                        plan.steps.insert(plan.steps.index(step), dyn)
-                        self._import(dyn)
-                    if self._user_gpu:  # the import was CPU work; the step itself is GPU work
-                        step.state, step.detail = "skipped", "your own GPU cell started first"
-                        continue
-                    self._holds_handles |= self._phase(
-                        step, functools.partial(_train_step, torch, dev, step.names or ("adamw", "sgd")), heavy=True)
-                elif step.op in work:
-                    if step.op != "cuda_init" and not torch.cuda.is_initialized():
-                        step.state, step.detail = "skipped", "CUDA did not start"
-                        continue
-                    if self._phase(step, work[step.op]) and step.op in HANDLE_OPS:
-                        self._holds_handles = True
-                else:
-                    step.state, step.detail = "skipped", f"unknown op {step.op!r}"
-            if torch.cuda.is_initialized() and not self._user_gpu:
-                self._phase(Step("gpu", "sync"), lambda: torch.cuda.synchronize(dev))
-        finally:  # also when cut short: leave the allocator as a cold kernel would have it —
-            t.clear()  # but never return blocks a cell of the user's has cached meanwhile
-            if torch.cuda.is_initialized() and not self._user_gpu and self._cells_started == cells_before:
-                torch.cuda.empty_cache()
-
-    def _cupy_steps(self, plan: Plan, steps: list[Step], ordinal: int) -> None:
-        import cupy
-
-        def run():
-            with cupy.cuda.Device(ordinal):
-                a = cupy.ones((1024, 1024), dtype=cupy.float32)
-                (a @ a).sum()
-                cupy.cuda.Device(ordinal).synchronize()
-        for step in steps:
-            if step.state == "planned":
-                self._phase(step, run)
+        """No GPU: what each framework's recipe still does on the CPU."""
+        for fw in RECIPES:
+            mine = [s for s in plan.steps if s.framework == fw and s.kind in ("gpu", "cpu") and s.state == "planned"]
+            if mine:
+                recipe(fw).cpu(self, mine)
 
 
 def _timer(seconds: float, fn) -> threading.Timer:
@@ -753,38 +521,6 @@ def _timer(seconds: float, fn) -> threading.Timer:
     timer.daemon = True
     timer.start()
     return timer
-
-
-def _xy(t: dict, torch, dev):
-    if "x" not in t:
-        t["x"], t["y"] = torch.randn(1024, 1024, device=dev), torch.rand(1024, 1024, device=dev)
-    return t["x"], t["y"]
-
-
-def _tiny_net(torch, conv: bool):
-    nn = torch.nn
-    if conv:
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
-                             nn.Linear(8 * 16 * 16, 10))
-    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 32), nn.ReLU(), nn.Linear(32, 10))
-
-
-def _train_step(torch, dev, optimizers) -> None:
-    """One forward, backward and optimizer step per optimizer on a tiny model: autograd's engine,
-    the optimizers' first use (torch._dynamo, foreach kernels) and zero_grad."""
-    import torch.nn.functional as F
-
-    for name in optimizers:
-        net = _tiny_net(torch, False).to(dev)
-        opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if name == "adamw"
-               else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
-        for _ in range(2):  # the second step uses the optimizer's state
-            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
-                                   torch.zeros(4, dtype=torch.long, device=dev))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        float(loss.detach())
 
 
 def _initializing(module) -> bool:

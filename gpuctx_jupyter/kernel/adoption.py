@@ -1,0 +1,63 @@
+"""Becoming a notebook's kernel: the warm pool hands a standby to a notebook, on its control channel
+(contract.ADOPT_REQUEST), and the standby takes what a kernel started for that notebook would have
+had — its working directory (and sys.path's entry for it), its environment, its connection file
+(sys.argv, %connect_info) and `__session__` — then warms what that notebook runs.
+
+No cell runs, so neither the warm-up nor the user's first cell mistakes the hand-over for one,
+and the notebook's first cell is In [1].
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from ..contract import POOLED, SESSION
+
+log = logging.getLogger("gpuctx")
+
+
+def adopt(ip, content: dict, then=None) -> dict:
+    """Apply the hand-over `content` ({"cwd", "env": {name: value or None}, "pooled",
+    "connection_file"}); `then(previous)` (the notebook the standby was warmed for, or None)
+    carries on with the new notebook's plan. Returns the reply's content."""
+    previous = os.environ.get(SESSION)
+    old_cwd = os.getcwd()
+    cwd = str(content["cwd"])
+    os.chdir(cwd)
+    # `python -m ipykernel_launcher` put the start directory first on sys.path: a fresh kernel
+    # of this notebook would have had its own directory there.
+    sys.path[:] = [cwd if entry == old_cwd else entry for entry in sys.path]
+    for name, value in (content.get("env") or {}).items():
+        if value is None:  # the standby had it (its notebook); the new kernel must not
+            os.environ.pop(str(name), None)
+        else:
+            os.environ[str(name)] = str(value)
+    os.environ[POOLED] = str(content.get("pooled", ""))
+    if SESSION in os.environ:
+        ip.user_ns["__session__"] = os.environ[SESSION]
+    else:
+        ip.user_ns.pop("__session__", None)
+    connection_file = content.get("connection_file")
+    if connection_file:
+        _use_connection_file(ip, str(connection_file))
+    if then is not None:
+        try:  # optional: a failure here must not undo the hand-over
+            then(previous)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("gpuctx: warming the adopting notebook's plan failed to start: %s: %s",
+                        type(exc).__name__, exc)
+    return {"status": "ok", "cwd": os.getcwd()}
+
+
+def _use_connection_file(ip, path: str) -> None:
+    """The kernel's connection file is now the server's for this kernel id: `%connect_info`,
+    `jupyter console --existing` and sys.argv name it, as they would in a fresh kernel."""
+    if "-f" in sys.argv[:-1]:
+        sys.argv[sys.argv.index("-f") + 1] = path
+    app = getattr(getattr(ip, "kernel", None), "parent", None)
+    if app is not None and hasattr(app, "connection_file"):
+        try:
+            app.connection_file = path
+        except Exception as exc:  # noqa: BLE001 — a trait that refuses it leaves the old name shown
+            log.info("gpuctx: could not rename the connection file to %s: %s", path, exc)

@@ -1,0 +1,195 @@
+"""Warming PyTorch: what first cells run, so that each op's kernels are loaded (CUDA loads them
+lazily, process-wide) and the library handles exist in torch's pools, where the user's thread
+takes them from once this thread has exited."""
+from __future__ import annotations
+
+import functools
+import sys
+
+from ..plan import Step
+
+# Ops after which this thread holds cuBLAS/cuDNN handles of its own: while it lives, a user's
+# thread doing the same gets a second set (~100 MiB); once it exits, they go back to torch's pools.
+HANDLE_OPS = {"matmul_fp32", "matmul_bf16", "matmul_fp16", "conv", "conv_bf16", "attention", "autocast", "backward",
+              "grad_scaler", "optimizer"}
+
+
+class TorchRecipe:
+    framework = "torch"
+
+    def gpu(self, run, steps: list[Step], ordinal: int) -> None:
+        import torch
+
+        dev = torch.device("cuda", ordinal)
+        work, tensors = _work(torch, dev, {s.op for s in steps})
+        cells_before = run.cells_started
+        try:
+            for step in steps:
+                if step.state != "planned":
+                    continue
+                if step.op == "optimizer":
+                    self._dynamo(run, step)
+                    if run.user_gpu:  # the import was CPU work; the step itself is GPU work
+                        step.state, step.detail = "skipped", "your own GPU cell started first"
+                        continue
+                    run.phase(step, functools.partial(train_step, torch, dev, step.names or ("adamw", "sgd")),
+                              heavy=True, handles=True)
+                elif step.op in work:
+                    if step.op != "cuda_init" and not torch.cuda.is_initialized():
+                        step.state, step.detail = "skipped", "CUDA did not start"
+                        continue
+                    run.phase(step, work[step.op], handles=step.op in HANDLE_OPS)
+                else:
+                    step.state, step.detail = "skipped", f"unknown op {step.op!r}"
+            if torch.cuda.is_initialized() and not run.user_gpu:
+                run.phase(Step("gpu", "sync"), lambda: torch.cuda.synchronize(dev))
+        finally:  # also when cut short: leave the allocator as a cold kernel would have it —
+            tensors.clear()  # but never return blocks a cell of the user's has cached meanwhile
+            if torch.cuda.is_initialized() and not run.user_gpu and run.cells_started == cells_before:
+                torch.cuda.empty_cache()
+
+    def cpu(self, run, steps: list[Step]) -> None:
+        """No GPU: what still helps on the CPU — the optimizer's torch._dynamo import and one
+        training step (autograd and the optimizers' first use)."""
+        step = next((s for s in steps if s.op == "optimizer" and s.state == "planned"), None)
+        if step is None or "torch" not in sys.modules:
+            if step is not None:
+                step.state = "skipped"
+            return
+        import torch
+
+        self._dynamo(run, step)
+        step.name = f"{step.name} on the CPU"
+        run.phase(step, lambda: train_step(torch, torch.device("cpu"), step.names or ("adamw", "sgd")), heavy=True)
+
+    @staticmethod
+    def _dynamo(run, step: Step) -> None:
+        """What an optimizer's first use imports (~3 s of CPU), as a step of its own before it."""
+        if "torch._dynamo" in sys.modules:
+            return
+        dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
+                   detail="what an optimizer's first use imports")
+        run.plan.steps.insert(run.plan.steps.index(step), dyn)
+        run.import_module(dyn)
+
+
+RECIPE = TorchRecipe()
+
+
+def _work(torch, dev, ops: set[str]) -> tuple[dict, dict]:
+    """The ops as functions, and the tensors they share (cleared when the warm-up ends)."""
+    import torch.nn.functional as F
+
+    t: dict = {}
+
+    def xy():
+        if "x" not in t:
+            t["x"], t["y"] = torch.randn(1024, 1024, device=dev), torch.rand(1024, 1024, device=dev)
+        return t["x"], t["y"]
+
+    def cuda_init():
+        if not torch.cuda.is_initialized():
+            torch.cuda.init()
+        torch.cuda.set_device(dev)
+
+    def alloc():
+        t["x"] = torch.randn(1024, 1024, device=dev)
+        t["y"] = torch.rand(1024, 1024, device=dev)
+        torch.zeros(16, device=dev), torch.ones(16, device=dev), torch.arange(16, device=dev)
+        torch.tensor([1.0, 2.0]).to(dev)
+
+    def elementwise():
+        x, y = xy()
+        z = torch.relu((x + y) * 2 - 1)
+        z.sum().item(), z.mean().item(), z.max().item(), z.argmax().item()
+        torch.softmax(z, dim=-1), torch.exp(z).cpu()
+        h = torch.randn(8, 64, device=dev)
+        F.gelu(h), F.layer_norm(h, (64,)), F.dropout(h, 0.1, training=True), torch.cat([h, h])
+        F.cross_entropy(h, torch.zeros(8, dtype=torch.long, device=dev)).item()
+        F.mse_loss(h, h).item()
+        F.embedding(torch.zeros(4, dtype=torch.long, device=dev), torch.randn(10, 64, device=dev))
+
+    def matmul(dtype):
+        def run():
+            x, y = xy()
+            (x.to(dtype) @ y.to(dtype)).float().sum().item()
+            F.linear(x[:64].to(dtype), y[:32].to(dtype), torch.zeros(32, device=dev, dtype=dtype)).sum().item()
+        return run
+
+    def conv(dtypes):
+        def run():
+            img, weight = torch.randn(8, 3, 64, 64, device=dev), torch.randn(16, 3, 3, 3, device=dev)
+            for dtype in dtypes:
+                out = F.conv2d(img.to(dtype), weight.to(dtype), padding=1)
+                out = F.batch_norm(out, None, None, torch.ones(16, device=dev, dtype=dtype),
+                                   torch.zeros(16, device=dev, dtype=dtype), training=True)
+                F.adaptive_avg_pool2d(F.max_pool2d(F.relu(out), 2), 1).float().sum().item()
+        return run
+
+    def attention():
+        for dtype in (torch.float32, torch.bfloat16) if "matmul_bf16" in ops or "autocast" in ops else (
+                torch.float32,):
+            q = torch.randn(2, 4, 64, 32, device=dev, dtype=dtype, requires_grad="backward" in ops)
+            out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            if q.requires_grad:
+                out.float().sum().backward()
+            out.float().sum().item()
+
+    def autocast():
+        dtypes = [d for d, op in ((torch.bfloat16, "matmul_bf16"), (torch.float16, "matmul_fp16")) if op in ops]
+        for dtype in dtypes or [torch.bfloat16]:
+            with torch.autocast("cuda", dtype=dtype):
+                x, y = xy()
+                (x @ y).float().sum().item()
+                if "conv" in ops:
+                    conv((torch.float32,))()
+
+    def backward():
+        net = tiny_net(torch, "conv" in ops).to(dev)
+        loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)), torch.zeros(4, dtype=torch.long,
+                                                                                     device=dev))
+        loss.backward()
+
+    def grad_scaler():
+        net = tiny_net(torch, "conv" in ops).to(dev)
+        opt = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        scaler = torch.amp.GradScaler("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
+                                   torch.zeros(4, dtype=torch.long, device=dev))
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    work = {"cuda_init": cuda_init, "alloc": alloc, "elementwise": elementwise,
+            "matmul_fp32": matmul(torch.float32), "matmul_bf16": matmul(torch.bfloat16),
+            "matmul_fp16": matmul(torch.float16), "conv": conv((torch.float32, torch.float16)),
+            "conv_bf16": conv((torch.bfloat16,)), "attention": attention, "autocast": autocast,
+            "backward": backward, "grad_scaler": grad_scaler}
+    return work, t
+
+
+def tiny_net(torch, conv: bool):
+    nn = torch.nn
+    if conv:
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(8 * 16 * 16, 10))
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
+def train_step(torch, dev, optimizers) -> None:
+    """One forward, backward and optimizer step per optimizer on a tiny model: autograd's engine,
+    the optimizers' first use (torch._dynamo, foreach kernels) and zero_grad."""
+    import torch.nn.functional as F
+
+    for name in optimizers:
+        net = tiny_net(torch, False).to(dev)
+        opt = (torch.optim.AdamW(net.parameters(), lr=1e-3) if name == "adamw"
+               else torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9))
+        for _ in range(2):  # the second step uses the optimizer's state
+            loss = F.cross_entropy(net(torch.randn(4, 3, 16, 16, device=dev)),
+                                   torch.zeros(4, dtype=torch.long, device=dev))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        float(loss.detach())

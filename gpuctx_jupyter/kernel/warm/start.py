@@ -1,0 +1,122 @@
+"""When a kernel warms up, and with which plan: at its start (from its settings, once it has
+answered kernel_info, so readiness never waits), and after the warm pool hands it to a notebook."""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+
+from ...contract import DEFAULT_OPS, SESSION, WARM_SOURCE, opted_out
+from ...contract import notebook as nbread
+from ...core import inventory
+from ...core.devices import SpecError, parse_spec
+from ..switching import Choice
+from . import plan as plans
+from .settings import GpuWarmup
+
+log = logging.getLogger("gpuctx")
+_UNHOOK = "_gpuctx_unhook_kernel_info"
+
+
+def planner(cfg: GpuWarmup, path: str | None):
+    """What the warm-up thread calls to make its plan (reading the notebook happens there)."""
+    frameworks, ops, imports = tuple(cfg.frameworks), tuple(cfg.ops), tuple(cfg.imports)
+    if cfg.recipe == "basic":
+        return lambda: plans.basic(frameworks, ops, imports)
+    deny, most = tuple(cfg.import_deny), cfg.max_imports
+    extra_ops = tuple(op for op in ops if op not in DEFAULT_OPS)
+    return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops,
+                                extra_imports=imports, deny=deny, max_imports=most)
+
+
+def wanted(cfg: GpuWarmup, path: str | None) -> tuple[bool, str]:
+    """Whether the policy warms this kernel's notebook (and why not). `auto` warms a notebook that
+    uses a GPU framework, and a new one's imports (the recipe then imports only: no CUDA)."""
+    if opted_out():
+        return False, "opted out (GPUCTX_WARM=0)"
+    if cfg.policy == "never":
+        return False, "policy never"
+    if cfg.policy == "auto":
+        facts = nbread.read(path)
+        gpu, why = facts.wants_gpu()
+        if not gpu and not (cfg.recipe == "notebook" and facts.readable and facts.new):
+            return False, f"policy auto: {why}"
+    return True, ""
+
+
+def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None:
+    """Apply the configured device and warm-up policy (kernel config or the server's launch).
+    `defer`: at kernel start-up, begin once the kernel has answered kernel_info (or after
+    cfg.start_within s), so that readiness never waits for an import holding the GIL."""
+    if cfg.device:
+        try:
+            dev = parse_spec(cfg.device, inventory.take().devices)
+            state.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
+        except SpecError as exc:
+            log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+    path = os.environ.get(SESSION)
+    warm, why = wanted(cfg, path)
+    warmer = state.warmer
+    if not warm:
+        warmer.status.detail = why
+        return
+    source = os.environ.get(WARM_SOURCE, "kernel config")
+    warmer.import_budget = cfg.import_budget
+    make_plan = planner(cfg, path)
+    unhook = on_kernel_info(shell, warmer) if defer else None
+    if unhook is not None:
+        warmer.schedule(make_plan, source=source, within=cfg.start_within, on_start=unhook)
+    else:
+        warmer.start_plan(make_plan, source=source)
+
+
+def after_adoption(state, shell, previous: str | None) -> bool:
+    """The warm pool handed this standby to a notebook other than the one it was warmed for: warm
+    what that notebook runs, in the background, once the standby's own warm-up is over (imports
+    done already are instant; what the plan adds, e.g. training, runs now). True when started."""
+    path = os.environ.get(SESSION)
+    cfg = GpuWarmup(parent=shell)
+    if not path or path == previous or cfg.recipe != "notebook" or not wanted(cfg, path)[0]:
+        return False
+    state.warmer.start_after(planner(cfg, path), source="the warm pool, for this notebook")
+    return True
+
+
+def on_kernel_info(ip, warmer):
+    """Tell `warmer` of each kernel_info reply (shell or control channel) until its scheduled
+    start has happened: the kernel is ready by then, so the warm-up never delays readiness.
+    Returns the function that takes the hook out (None when this kernel has no handlers)."""
+    kernel = getattr(ip, "kernel", None)
+    tables = [t for t in (getattr(kernel, "shell_handlers", None), getattr(kernel, "control_handlers", None))
+              if isinstance(t, dict) and callable(t.get("kernel_info_request"))]
+    if not tables:
+        return None
+    originals = [(t, t["kernel_info_request"]) for t in tables]
+
+    def unhook():
+        for table, original in originals:
+            if getattr(table.get("kernel_info_request"), "_gpuctx", False):
+                table["kernel_info_request"] = original
+        if getattr(ip, _UNHOOK, None) is unhook:
+            delattr(ip, _UNHOOK)
+
+    def wrap(original):
+        async def kernel_info_request(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            warmer.answered()
+            return result
+        kernel_info_request._gpuctx = True
+        return kernel_info_request
+
+    for table, original in originals:
+        table["kernel_info_request"] = wrap(original)
+    setattr(ip, _UNHOOK, unhook)
+    return unhook
+
+
+def unhook_kernel_info(ip) -> None:
+    unhook = getattr(ip, _UNHOOK, None)
+    if unhook is not None:
+        unhook()

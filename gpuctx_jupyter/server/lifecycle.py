@@ -1,0 +1,183 @@
+"""The one place that changes the server's kernel manager methods: an explicit, ordered chain.
+
+How a kernel is launched is the provisioner's (`provisioner.py`). What a provisioner cannot see
+is here, wrapped once, in this order, around jupyter_server's own methods:
+
+  interrupt / restart / shutdown   1. one action per kernel at a time (below)
+                                   2. gateway kernels: the warm-up request after a (re)start
+  start                            2. gateway kernels: the warm-up request after the start
+  shutdown_all                     the warm pool's processes first, then the holders round and
+                                   the notebook reader stop, every background task is awaited,
+                                   then jupyter_server's own shutdown of its kernels
+
+One action at a time per kernel: jupyter_client restarts a kernel by stopping its process and
+starting a new one on the same ports: two restarts at once both stop the same process, and the
+second start finds its ports taken ("Address already in use"), leaving a process that no one
+tracks. So every action on a kernel — gpuctx's routes, jupyter_server's own
+/api/kernels/<id>/restart, the idle culler, a session deleted — goes through `Actions`:
+
+- an action asked while the same action is in flight on that kernel joins it: both callers get
+  its outcome, and the kernel is restarted (or stopped) once;
+- any other action waits for the one in flight, then runs — unless that one ended the kernel: a
+  restart queued behind a shutdown then does nothing, and jupyter_server answers 404 for a kernel
+  that no longer exists, as it would had the restart come later;
+- gpuctx's own routes do not wait: they answer 409 with a message (`Busy`).
+
+A restart is in flight until the new kernel answers kernel_info (`Actions._until_answered`).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from jupyter_core.utils import ensure_async
+from tornado import web
+
+from . import kernel_client
+
+ACTIONS = ("restart_kernel", "shutdown_kernel", "interrupt_kernel")
+
+
+class Busy(Exception):
+    """Another action on this kernel is in flight (the caller asked not to wait)."""
+
+    def __init__(self, action: str):
+        super().__init__(f"an action on this kernel is in progress ({action.replace('_kernel', '')}): "
+                         "try again once it has finished")
+        self.action = action
+
+
+class Gone(Exception):
+    """The kernel ended while this action waited for its turn."""
+
+
+class Actions:
+    """One action per kernel at a time (see the module's docstring)."""
+
+    def __init__(self, mkm, methods: dict):
+        self.mkm = mkm
+        self._next = methods  # method name -> the wrapped kernel manager's own method
+        self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # kernel id -> (method, outcome)
+
+    def busy(self, kernel_id: str) -> str | None:
+        """The method in flight on this kernel, if any."""
+        current = self._inflight.get(kernel_id)
+        return current[0] if current else None
+
+    async def run(self, method: str, kernel_id: str, *args, wait: bool = True, **kwargs):
+        """Run `method` on the kernel once no other action is in flight on it; with wait=False,
+        raise Busy instead of waiting. Gone when the kernel ended while this one waited."""
+        waited = False
+        while (current := self._inflight.get(kernel_id)) is not None:
+            running, outcome = current
+            if not wait:
+                raise Busy(running)
+            if running == method:
+                return await asyncio.shield(outcome)
+            await asyncio.wait([outcome])  # its outcome is its own callers'; then our turn
+            waited = True
+        if waited and kernel_id not in self.mkm:
+            raise Gone(kernel_id)
+        outcome = asyncio.get_running_loop().create_future()
+        self._inflight[kernel_id] = (method, outcome)
+        try:
+            result = await ensure_async(self._next[method](kernel_id, *args, **kwargs))
+            if isinstance(result, asyncio.Future) and not result.done():
+                await self._until_answered(kernel_id, result)
+        except asyncio.CancelledError:
+            outcome.cancel()
+            raise
+        except BaseException as exc:
+            outcome.set_exception(exc)
+            outcome.exception()  # retrieved: a failure nobody joined is not "never retrieved"
+            raise
+        else:
+            outcome.set_result(result)
+            return result
+        finally:
+            if self._inflight.get(kernel_id, (None, None))[1] is outcome:
+                del self._inflight[kernel_id]
+
+    async def _until_answered(self, kernel_id: str, restarted: asyncio.Future) -> None:
+        """A restart is in flight until the new kernel answers kernel_info. jupyter_server's restart
+        returns a future for that, which a restart onto new ports (a standby's, or the restarter's
+        newports) never resolves: jupyter_server's stop_watching_activity cleans its wait up. So
+        the kernel is asked here too, on a client of our own; whichever answers first."""
+        timeout = float(getattr(self.mkm, "kernel_info_timeout", 60.0))
+        try:
+            kernel = self.mkm.get_kernel(kernel_id)
+        except KeyError:
+            return
+
+        async def answers() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while (left := deadline - loop.time()) > 0:
+                try:
+                    await kernel_client.request(kernel, "shell", "kernel_info_request", {}, min(1.0, left))
+                    return
+                except kernel_client.NoReply:
+                    continue
+
+        asked = asyncio.ensure_future(answers())
+        try:
+            await asyncio.wait([restarted, asked], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            asked.cancel()
+
+
+class Lifecycle:
+    """Installs the chain (see the module's docstring) on the server's kernel manager, once."""
+
+    def __init__(self, mkm, launcher, background, pool=None, gateway: bool = False, on_shutdown=()):
+        self.mkm, self.launcher, self.background, self.pool, self.gateway = mkm, launcher, background, pool, gateway
+        self.on_shutdown = list(on_shutdown)  # called after the pool is closed, before the tasks are awaited
+        self._own = {name: getattr(mkm, name) for name in (*ACTIONS, "start_kernel", "shutdown_all")}
+        self.actions = Actions(mkm, {"interrupt_kernel": self._own["interrupt_kernel"],
+                                     "restart_kernel": self._restart, "shutdown_kernel": self._own["shutdown_kernel"]})
+
+    def install(self) -> None:
+        mkm = self.mkm
+        mkm.start_kernel = self.start_kernel
+        mkm.restart_kernel = self.restart_kernel
+        mkm.shutdown_kernel = self.shutdown_kernel
+        mkm.interrupt_kernel = self.interrupt_kernel
+        mkm.shutdown_all = self.shutdown_all
+
+    async def start_kernel(self, *args, **kwargs):
+        kernel_id = await ensure_async(self._own["start_kernel"](*args, **kwargs))
+        if self.gateway:
+            name = kwargs.get("kernel_name") or getattr(self.mkm, "default_kernel_name", "python3")
+            await self.launcher.gateway_started(kernel_id, name, kwargs.get("env"))
+        return kernel_id
+
+    async def restart_kernel(self, kernel_id, *args, **kwargs):
+        try:
+            return await self.actions.run("restart_kernel", kernel_id, *args, **kwargs)
+        except Gone:  # jupyter_server then answers 404 ("Kernel does not exist"), not 500
+            return None
+
+    async def _restart(self, kernel_id, *args, **kwargs):
+        result = await ensure_async(self._own["restart_kernel"](kernel_id, *args, **kwargs))
+        if self.gateway:
+            self.launcher.warm_remote(kernel_id)
+        return result
+
+    async def shutdown_kernel(self, kernel_id, *args, **kwargs):
+        try:
+            return await self.actions.run("shutdown_kernel", kernel_id, *args, **kwargs)
+        except Gone:
+            return None
+
+    async def interrupt_kernel(self, kernel_id, *args, **kwargs):
+        try:
+            return await self.actions.run("interrupt_kernel", kernel_id, *args, **kwargs)
+        except Gone:
+            raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}") from None
+
+    async def shutdown_all(self, *args, **kwargs):
+        if self.pool is not None:
+            await self.pool.close()
+        for stop in self.on_shutdown:
+            stop()
+        await self.background.drain()
+        return await ensure_async(self._own["shutdown_all"](*args, **kwargs))

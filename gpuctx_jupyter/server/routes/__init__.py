@@ -1,0 +1,24 @@
+"""The GPU API's routes under <base_url>/gpuctx/api/, one module per resource: `devices` (the GPUs
+and who holds them), `stream` (the same pushed over a websocket), `kernels` (one kernel's view and
+the actions on it). Every route is authenticated and authorised by jupyter_server's own machinery."""
+from __future__ import annotations
+
+from jupyter_server.utils import url_path_join
+
+from ..gpu_api import GpuApi
+from .devices import DevicesHandler
+from .kernels import KernelActionHandler, KernelHandler
+from .stream import StreamHandler
+
+KERNEL = r"(?P<kernel_id>[^/]+)"
+ROUTES = [
+    ("devices", DevicesHandler),
+    ("stream", StreamHandler),
+    (rf"kernels/{KERNEL}", KernelHandler),
+    (rf"kernels/{KERNEL}/(?P<action>[^/]+)", KernelActionHandler),
+]
+
+
+def setup(web_app, api: GpuApi) -> None:
+    base = url_path_join(web_app.settings["base_url"], "gpuctx", "api")
+    web_app.add_handlers(".*$", [(url_path_join(base, path), handler, {"api": api}) for path, handler in ROUTES])
