@@ -1,6 +1,6 @@
 """Reliability under load and faults, against real jupyter_servers and real kernels (loopback only).
 
-    python benchmarks/stress.py [--queries 2000] [--clients 50] [--restarts 20]
+    python benchmarks/stress.py [--queries 2000] [--clients 50] [--restarts 20] [--rounds 200]
                                 [--baseline DIR] [--only SCENARIO …] [--json out.json]
 
 Each scenario starts a fresh server with gpuctx and counts what went wrong:
@@ -13,7 +13,11 @@ Each scenario starts a fresh server with gpuctx and counts what went wrong:
   connection files left behind;
 - stop with no kernel open: standby processes and connection files left after SIGTERM;
 - activity: whether one GET /gpuctx/api/kernels/<id> of an idle kernel moves its last_activity;
-- malformed trace: whether the server loads, and the statuses of /gpuctx/api/devices and /metrics.
+- malformed trace: whether the server loads, and the statuses of /gpuctx/api/devices and /metrics;
+- churn: `--rounds` sessions opened one after another while the pool's standbys are recycled every
+  few seconds (pool_max_age), so that sessions meet standbys booting, ready and stopping: each
+  session's first cell must run; dead kernels, HTTP 500s (gpuctx paths and jupyter_server's) and
+  kernel processes left untracked once things settle (targets 0).
 
 `--baseline DIR` runs every scenario a second time against another copy of the package (e.g.
 `git archive <rev> gpuctx_jupyter gpuctx.py | tar -x -C DIR`), side by side. Every wait is
@@ -236,8 +240,56 @@ def malformed_trace(package: str) -> dict:
     return out
 
 
+def churn(package: str, rounds: int, max_age: float = 6.0) -> dict:
+    notebook = {"cells": [{"cell_type": "code", "source": "import torch", "metadata": {}, "outputs": [],
+                           "execution_count": None}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    with Run(package, "--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always",
+             f"--GpuctxServer.pool_max_age={max_age:g}") as run:
+        with open(os.path.join(run.dir, "nb.ipynb"), "w") as fh:
+            json.dump(notebook, fh)
+        states: dict[str, int] = {}
+        dead, http_500, adopted, slow = 0, 0, 0, []
+        t_all = time.perf_counter()
+        for i in range(rounds):
+            pool = (run.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or []
+            state = pool[0]["state"] if pool else "none"
+            states[state] = states.get(state, 0) + 1
+            t0 = time.perf_counter()
+            code, model = run.srv.api("POST", "/api/sessions", {"path": "nb.ipynb", "type": "notebook",
+                                                                "name": "nb.ipynb", "kernel": {"name": "python3"}})
+            if code >= 500:
+                http_500 += 1
+                continue
+            kid = model["kernel"]["id"]
+            try:
+                ks = run.srv.channels(kid)
+                ok = ks.execute("1 + 1", timeout=60).text == "2"
+                ks.close()
+            except Exception:
+                ok = False
+            slow.append(time.perf_counter() - t0)
+            view = run.srv.api("GET", f"/gpuctx/api/kernels/{kid}")
+            http_500 += view[0] >= 500
+            dead += not ok or view[1].get("status") == "dead"
+            adopted += bool(view[1].get("pooled"))
+            code, _ = run.srv.api("DELETE", f"/api/sessions/{model['id']}")
+            http_500 += code >= 500
+        wall = time.perf_counter() - t_all
+        listed = lambda: len(run.srv.api("GET", "/api/kernels")[1])  # noqa: E731
+        standbys = lambda: len((run.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or [])  # noqa: E731
+        run.wait(lambda: len(run.kernels()) <= listed() + standbys(), 60)
+        untracked = max(0, len(run.kernels()) - listed() - standbys())
+        log = run.srv.log()
+    slow.sort()
+    return {"rounds": rounds, "pool_max_age_s": max_age, "standby_state_at_open": states, "adopted": adopted,
+            "dead_kernels": dead, "http_500": http_500, "untracked_processes": untracked,
+            "tracebacks": log.count("Traceback"), "wall_s": round(wall, 1),
+            "open_to_first_cell_p50_s": round(statistics.median(slow), 2) if slow else None,
+            "open_to_first_cell_max_s": round(slow[-1], 2) if slow else None}
+
+
 SCENARIOS = ("queries", "restarts", "restarts_pool", "broken_kernelspec", "stop_without_kernels", "activity",
-             "malformed_trace")
+             "malformed_trace", "churn")
 
 
 def scenarios(package: str, args) -> dict:
@@ -248,7 +300,8 @@ def scenarios(package: str, args) -> dict:
                       ("broken_kernelspec", lambda: broken_kernelspec(package)),
                       ("stop_without_kernels", lambda: stop_without_kernels(package)),
                       ("activity", lambda: activity(package)),
-                      ("malformed_trace", lambda: malformed_trace(package))]:
+                      ("malformed_trace", lambda: malformed_trace(package)),
+                      ("churn", lambda: churn(package, args.rounds))]:
         if args.only and name not in args.only:
             continue
         t0 = time.perf_counter()
@@ -266,6 +319,7 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--restarts", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=200, help="sessions opened in the churn scenario")
     ap.add_argument("--baseline", help="a folder holding another copy of gpuctx_jupyter to compare with")
     ap.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
     ap.add_argument("--json", default=os.path.join(ROOT, "benchmarks", "results", "stress.json"))
@@ -284,7 +338,8 @@ def main() -> None:
                                ("restarts_pool", ["codes", "untracked_processes", "address_in_use"]),
                                ("broken_kernelspec", ["launches", "connection_files_left"]),
                                ("stop_without_kernels", ["processes_left", "connection_files_left"]),
-                               ("activity", ["last_activity_moved"])]:
+                               ("activity", ["last_activity_moved"]),
+                               ("churn", ["dead_kernels", "http_500", "untracked_processes", "adopted", "tracebacks"])]:
         for measure in measures:
             cells = [str(result["runs"][label].get(scenario, {}).get(measure, "—")) for label in runs]
             print(f"{scenario:<22} {measure:<28} " + " ".join(f"{c:>14}" for c in cells))

@@ -27,12 +27,14 @@ from .harness.waiting import wait_for
 os.environ.setdefault("GPUCTX_SERVER_POOL", "0")
 
 # What Jupyter and IPython keep in the home folder (JupyterLab's settings and workspaces, IPython's
-# history database, the servers' runtime files) is kept per test process: two xdist workers never
-# see one another's theme switch, half-written settings file or locked history.
+# history database, the servers' runtime files, gpuctx's import profile in Jupyter's data folder)
+# is kept per test process: two xdist workers never see one another's theme switch, half-written
+# settings file or locked history, and no test writes into the home folder.
 _STATE = tempfile.mkdtemp(prefix="gpuctx-tests-home-")
 atexit.register(shutil.rmtree, _STATE, ignore_errors=True)
 for _var, _name in (("JUPYTERLAB_SETTINGS_DIR", "lab-settings"), ("JUPYTERLAB_WORKSPACES_DIR", "lab-workspaces"),
-                    ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime")):
+                    ("IPYTHONDIR", "ipython"), ("JUPYTER_RUNTIME_DIR", "jupyter-runtime"),
+                    ("JUPYTER_DATA_DIR", "jupyter-data")):
     os.environ[_var] = os.path.join(_STATE, _name)
 
 

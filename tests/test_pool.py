@@ -7,7 +7,7 @@ import signal
 
 import psutil
 
-from gpuctx_jupyter.server.pool import Standby, compatible
+from gpuctx_jupyter.server.standby import Standby, differing_environment
 
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
@@ -42,8 +42,8 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
     spec = wait_for(lambda: (lambda s: s if s["ready"] else None)(pool_status(srv)["kernelspecs"]["python3"]))
     assert spec == {"ready": 1, "starting": 0, "failures": 0, "error": None, "reason": None}
     kid = srv.start_kernel(path="project/train.ipynb")
-    assert pool_status(srv)["kernelspecs"]["python3"]["reason"] in (  # why the reserve is empty now
-        "refilling once the kernel just handed out has served its first request", "a standby is starting")
+    assert pool_status(srv)["kernelspecs"]["python3"]["reason"] in (  # why the reserve is empty now: refilling
+        "a standby will start shortly", "a standby is starting", None)
     ks = srv.channels(kid)
     r = ks.execute("import os, json; print(json.dumps([os.getcwd(), os.environ.get('JPY_SESSION_NAME'), os.getpid()]))")
     cwd, session, pid = json.loads(r.stdout)
@@ -52,7 +52,7 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
     assert cwd == str(tmp_path / "project") and session.endswith("train.ipynb")
     assert "from gpuctx's warm pool" in ks.execute("%gpu status").text
     assert listed(srv) == [kid]
-    wait_for(lambda: len(kernel_pids(srv)) == 2)  # refilled after the first request
+    wait_for(lambda: len(kernel_pids(srv)) == 2)  # refilled at once
     ks.close()
 
 
@@ -102,12 +102,20 @@ def test_server_shutdown_leaves_no_kernel_process(pool_server):
     wait_for(lambda: not running(), timeout=20)
 
 
-def test_a_cuda_start_up_variable_that_differs_refuses_adoption():
-    env = {"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin"}
-    assert compatible(env, dict(env, PATH="/bin")) == []  # other variables are set at adoption
-    assert compatible(env, dict(env, CUDA_VISIBLE_DEVICES="1")) == ["CUDA_VISIBLE_DEVICES"]
-    assert compatible(env, {"PATH": "/usr/bin"}) == ["CUDA_VISIBLE_DEVICES"]
-    assert Standby(None, "python3", env, 0.0).pid is None
+def test_a_start_up_variable_that_differs_refuses_adoption():
+    """A GPU-warm standby has started CUDA: every variable CUDA read then must match. An imports
+    standby has not: only what the process read when it started (LD_LIBRARY_PATH) must."""
+    env = {"CUDA_VISIBLE_DEVICES": "0", "PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/lib"}
+    gpu = Standby(None, "python3", env, 0.0, kind="gpu")
+    assert differing_environment(gpu, dict(env, PATH="/bin")) == []  # other variables are set at adoption
+    assert differing_environment(gpu, dict(env, CUDA_VISIBLE_DEVICES="1")) == ["CUDA_VISIBLE_DEVICES"]
+    assert differing_environment(gpu, {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/lib"}) == ["CUDA_VISIBLE_DEVICES"]
+    imports = Standby(None, "python3", env, 0.0, kind="imports")
+    assert differing_environment(imports, dict(env, CUDA_VISIBLE_DEVICES="1")) == []  # taken at the hand-over
+    assert differing_environment(imports, dict(env, LD_LIBRARY_PATH="/elsewhere")) == ["LD_LIBRARY_PATH"]
+    imports.driver = True  # an import started the driver: CUDA's variables are fixed now
+    assert differing_environment(imports, dict(env, CUDA_VISIBLE_DEVICES="1")) == ["CUDA_VISIBLE_DEVICES"]
+    assert gpu.pid is None
 
 
 def test_notebooks_that_must_not_start_cuda_get_a_fresh_kernel(pool_server, tmp_path):

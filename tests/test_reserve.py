@@ -11,7 +11,7 @@ from .harness.notebooks import notebook
 from .harness.waiting import wait_for
 
 # The suite's servers keep no pool (conftest); these ask for the default, with no delay.
-AUTO = {"GPUCTX_SERVER_POOL": "auto"}
+AUTO = {"GPUCTX_SERVER_POOL": "auto", "GPUCTX_SERVER_IMPORT_STANDBYS": "0"}  # the restart reserve alone
 NO_DELAY = "--GpuctxServer.pool_reserve_after=0"
 
 

@@ -21,10 +21,13 @@ WARM_SOURCE = "GPUCTX_WARM_SOURCE"  # who planned it, shown by %gpu status
 WARM_FRAMEWORKS = "GPUCTX_WARM_FRAMEWORKS"  # comma-separated
 WARM_OPS = "GPUCTX_WARM_OPS"  # comma-separated
 WARM_IMPORTS = "GPUCTX_WARM_IMPORTS"  # comma-separated
+WARM_IMPORT_BUDGET = "GPUCTX_WARM_IMPORT_BUDGET"  # seconds the warm-up's imports may take in all
 WARM_RECIPE = "GPUCTX_WARM_RECIPE"  # the recipe: notebook (what the notebook runs) | basic (the fixed one)
 DEVICE = "GPUCTX_DEVICE"  # a device spec the kernel starts on
 DEVICE_SOURCE = "GPUCTX_DEVICE_SOURCE"  # who chose it
 POOLED = "GPUCTX_POOLED"  # set in a kernel handed out by the warm pool: seconds it waited ready
+STANDBY = "GPUCTX_STANDBY"  # set in a standby of the warm pool (its warm-up runs at the lowest CPU priority)
+POOL_NOTE = "GPUCTX_POOL_NOTE"  # why this kernel was started fresh rather than from the warm pool
 SESSION = "JPY_SESSION_NAME"  # jupyter_server's: the notebook's path, read by the `auto` policy
 
 # -- the control-channel question ---------------------------------------------------------------
@@ -52,6 +55,10 @@ DEFAULT_OPS = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "conv")
 # fixed recipe (warm_frameworks, warm_ops, warm_imports) whatever the notebook does.
 RECIPES = ("notebook", "basic")
 DEFAULT_RECIPE = "notebook"
+# A standby of the server's warm pool that imports the server's import profile and touches no CUDA
+# (the notebook that adopts it warms its GPU part); not a setting of the user's.
+STANDBY_RECIPE = "imports"
+KERNEL_RECIPES = (*RECIPES, STANDBY_RECIPE)
 OPT_OUT_VALUES = ("0", "false", "off", "never")
 _POLICY_ALIASES = {"1": "always", "true": "always", "on": "always", "0": "never", "false": "never",
                    "off": "never", "": "never"}
@@ -77,13 +84,21 @@ def parse_policy(value: str | None) -> str:
 def parse_recipe(value: str | None) -> str:
     """GPUCTX_WARM_RECIPE's value as a recipe; empty or unknown means the default (`notebook`)."""
     value = (value or "").strip().lower()
-    return value if value in RECIPES else DEFAULT_RECIPE
+    return value if value in KERNEL_RECIPES else DEFAULT_RECIPE
 
 
 def opted_out(env: Mapping[str, str] | None = None) -> bool:
     """GPUCTX_WARM=0 (or false/off/never) in the kernel's environment: no warm-up, whatever else says."""
     env = os.environ if env is None else env
     return env.get(WARM, "").strip().lower() in OPT_OUT_VALUES
+
+
+def _seconds(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and 0 < value < 86400 else None
 
 
 def split_list(raw: str | None) -> list[str]:
@@ -104,6 +119,7 @@ class WarmSettings:
     device_source: str = ""
     opt_out: bool = False  # the user's own GPUCTX_WARM=0: reported as such, never overridden
     recipe: str = DEFAULT_RECIPE  # notebook | basic: see RECIPES
+    import_budget: float | None = None  # seconds for all imports (None: the kernel's own setting)
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -115,6 +131,8 @@ class WarmSettings:
         }
         if self.imports:
             env[WARM_IMPORTS] = ",".join(self.imports)
+        if self.import_budget is not None:
+            env[WARM_IMPORT_BUDGET] = f"{self.import_budget:g}"
         if self.device:
             env[DEVICE], env[DEVICE_SOURCE] = self.device, self.device_source
         return env
@@ -133,6 +151,7 @@ class WarmSettings:
             device_source=env.get(DEVICE_SOURCE, ""),
             opt_out=opted_out(env),
             recipe=parse_recipe(env.get(WARM_RECIPE)),
+            import_budget=_seconds(env.get(WARM_IMPORT_BUDGET)),
         )
 
     @property

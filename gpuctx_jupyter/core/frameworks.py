@@ -10,6 +10,8 @@ import importlib.util
 import sys
 from dataclasses import asdict, dataclass
 
+from . import cuda_driver
+
 
 @dataclass
 class Memory:
@@ -318,7 +320,7 @@ def allocator_figures(ordinal: int | None = None) -> list[AllocatorFigures]:
                     out.append(AllocatorFigures("torch", i, m.allocated, m.reserved, m.peak))
         except Exception:  # noqa: BLE001 — a figure we cannot read is one we do not show
             pass
-    if CUPY.loaded() and CUPY.gpu_reason() is None:
+    if CUPY.loaded() and cuda_driver.touched() and CUPY.gpu_reason() is None:  # asking CuPy would start it
         try:
             current = CUPY.current()
             m = CUPY.memory(current) if current is not None and ordinal in (None, current) else None

@@ -8,7 +8,7 @@ import shutil
 import textwrap
 from dataclasses import dataclass, field
 
-from ..contract import POOLED
+from ..contract import POOL_NOTE, POOLED
 from ..core import frameworks as fws
 from ..core import inventory
 from .render import Report, Section, gib, pct, temp
@@ -118,6 +118,8 @@ def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str
     pooled = os.environ.get(POOLED)
     if pooled:
         head.append(f"kernel: from gpuctx's warm pool (started and warmed {pooled} s before you asked for it)")
+    elif os.environ.get(POOL_NOTE):
+        head.append(f"kernel: started fresh, not from the warm pool: {os.environ[POOL_NOTE]}")
     rows, fw_data = [], {}
     for fw in fws.ALL:
         if not fw.loaded():

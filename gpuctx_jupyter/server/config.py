@@ -172,6 +172,49 @@ class GpuctxServer(Configurable):
         not run on stale code or environment after upgrades). 0: never.""",
     ).tag(config=True)
 
+    import_standbys = Bool(
+        True,
+        help="""Keep an import-warm standby: one kernel per kernelspec that GPU notebooks use (the
+        default kernelspec from the start), started with the server, that has imported the server's
+        import profile — torch, torch._dynamo and torch.optim where torch is installed, and the
+        top-level imports of the notebooks opened or modified most recently under the server's
+        root — without touching CUDA (no context, no GPU memory). A notebook opened or restarted
+        then takes it and finds its imports done. Only with the automatic reserve (pool_size
+        unset), and only where a GPU framework is installed in the kernelspec's Python. Environment
+        default: GPUCTX_SERVER_IMPORT_STANDBYS (0/false/off turns it off).""",
+    ).tag(config=True)
+
+    @default("import_standbys")
+    def _import_standbys_default(self):
+        return os.environ.get("GPUCTX_SERVER_IMPORT_STANDBYS", "1").strip().lower() not in ("0", "false", "off", "no")
+
+    standby_memory_fraction = Float(
+        0.20,
+        help="""Host memory all standbys together may hold (resident memory), as a fraction of the
+        memory available to the server — the container's memory limit where one applies, as under
+        JupyterHub. A standby that would not fit is not started, and standbys are stopped first
+        when memory gets short. Each standby's resident memory is in GET /gpuctx/api/devices.""",
+    ).tag(config=True)
+
+    import_profile_modules = Int(
+        30, help="""At most this many modules in the import profile (see import_standbys).""",
+    ).tag(config=True)
+
+    import_profile_seconds = Float(
+        60.0,
+        help="""Seconds of imports, as standbys measured them, the import profile holds at most; a
+        module whose import fails, does not finish in this time or creates a CUDA context is
+        dropped from it (logged once).""",
+    ).tag(config=True)
+
+    standby_pause_cores = Int(
+        2,
+        help="""On a machine with at most this many CPU cores, standbys that are starting are paused
+        (SIGSTOP) while any kernel of this server runs a cell, and none is started meanwhile, so that
+        a standby never slows a running cell; with more cores they start at the lowest CPU priority.
+        0: never pause.""",
+    ).tag(config=True)
+
     metrics_kernel_labels = Bool(
         False,
         help="""Label the per-kernel GPU memory series on /metrics with kernel ids and notebook
@@ -268,7 +311,7 @@ class GpuctxServer(Configurable):
                              "number of seconds")
         return value
 
-    @validate("release_below_free_fraction", "pool_min_free_fraction")
+    @validate("release_below_free_fraction", "pool_min_free_fraction", "standby_memory_fraction")
     def _fraction(self, proposal):
         if not 0 <= proposal.value < 1:
             raise TraitError(f"c.GpuctxServer.{proposal.trait.name} = {proposal.value!r}: give a fraction "

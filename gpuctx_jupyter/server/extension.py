@@ -5,7 +5,8 @@ given what it needs through its constructor. Read this file to see how the piece
   notebooks      notebooks.Notebooks: the one notebook reader, off the event loop
   launch         launch.Launcher: what each kernel gets at launch (warm settings, device, gpuctx)
   who holds      holders.Holders: the holders file, idle holders, the round its consumers run on
-  warm pool      reserve.Reserve (which kernelspecs, memory floors) and pool.Pool (the standbys)
+  warm pool      reserve.Reserve (which kernelspecs, memory floors), import_profile.ImportProfile
+                 (what imports standbys import) and pool.Pool (the standbys, standby.py)
   provisioner    provisioner.attach: how local kernels are launched (from a standby when one fits)
   lifecycle      lifecycle.Lifecycle: the one chain around the kernel manager (one action per
                  kernel at a time, gateway warm-ups, shutdown order)
@@ -14,6 +15,7 @@ given what it needs through its constructor. Read this file to see how the piece
 """
 from __future__ import annotations
 
+import importlib.util
 import weakref
 from dataclasses import dataclass
 
@@ -29,7 +31,8 @@ from .holders import OOM_RELEASE_S, Holders
 from .launch import Launcher
 from .lifecycle import Lifecycle
 from .notebooks import Notebooks
-from .pool import Pool
+from .import_profile import ImportProfile
+from .pool import Pool, profile_path
 from .reserve import Reserve
 from .tasks import Background
 
@@ -142,4 +145,7 @@ def _pool(serverapp, cfg, launcher, holders, background, gateway) -> Pool | None
         return None
     mkm = serverapp.kernel_manager
     reserve = Reserve(mkm, cfg, launcher, holders)
-    return Pool(mkm, cfg, launcher, reserve, serverapp.log, background)
+    profile = ImportProfile(profile_path(serverapp.root_dir), serverapp.log,
+                            torch_installed=importlib.util.find_spec("torch") is not None,
+                            max_modules=cfg.import_profile_modules, budget_s=cfg.import_profile_seconds)
+    return Pool(mkm, cfg, launcher, reserve, serverapp.log, background, profile, serverapp.root_dir)

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from ..contract.holders import HOLDERS_PREFIX, Holder, HoldersFile, standby_holder_id
 from ..core.inventory import Inventory
 from ..core.sampler import Sample
-from . import attribution, kernel_query, snapshot
+from . import attribution, kernel_client, kernel_query, snapshot
 from .kernel_client import kernel_pid
 
 REWRITE_S = 30.0  # rewrite an unchanged file this often (its readers learn the server still writes)
@@ -114,9 +114,8 @@ class Holders:
                 del table[gone]
         out = []
         for info in snapshot.list_kernels(self.serverapp, self.reported):
-            try:
-                kernel = km.get_kernel(info.id)
-            except KeyError:
+            kernel = kernel_client.find(km, info.id)
+            if kernel is None:
                 continue
             last = _epoch(getattr(kernel, "last_activity", None))
             when, local_pid, memory = self.figures.get(info.id, (None, None, []))
@@ -226,9 +225,8 @@ class Holders:
             return
 
         async def ask(kid: str) -> None:
-            try:
-                kernel = km.get_kernel(kid)
-            except KeyError:
+            kernel = kernel_client.find(km, kid)
+            if kernel is None:
                 return
             answer = await self._ask(kernel, self.query_timeout)
             if answer.get("status") == "ok":

@@ -72,3 +72,14 @@ def kernel_pid(kernel) -> int | None:
     it did not (a gateway kernel) or one whose process is gone."""
     process = getattr(getattr(kernel, "provisioner", None), "process", None)
     return getattr(process, "pid", None)
+
+
+def find(mkm, kernel_id: str):
+    """The server's kernel manager for `kernel_id`, or None when there is no such kernel (jupyter_server
+    answers that with an HTTP 404 error, jupyter_client with a KeyError)."""
+    if kernel_id not in mkm:
+        return None
+    try:
+        return mkm.get_kernel(kernel_id)
+    except Exception:  # noqa: BLE001 — shut down between the two lines
+        return None

@@ -34,8 +34,10 @@ from .notebooks import Notebooks
 from .tasks import Background
 
 SOURCE = "server hook"
-# Asked of a kernelspec's Python: exit status 0 when gpuctx is importable, 1 when not.
+# Asked of a kernelspec's Python: exit status 0 when the module is importable, 1 when not.
 HAS_GPUCTX = "import importlib.util,sys; sys.exit(importlib.util.find_spec('gpuctx') is None)"
+HAS_GPU_FRAMEWORK = ("import importlib.util,sys; "
+                     "sys.exit(not any(importlib.util.find_spec(m) for m in ('torch', 'cupy', 'jax')))")
 PROBE_TIMEOUT_S = 30.0
 EXT_ARG = "--ext=gpuctx"
 
@@ -82,6 +84,7 @@ class Launcher:
         self._rr = itertools.count()
         self._probes: dict[tuple[str, str], asyncio.Future] = {}  # (kernelspec, python) -> gpuctx there?
         self._spec_missing: dict[str, str] = {}  # kernelspec -> the sentence, once probed
+        self._frameworks: dict[str, bool] = {}  # kernelspec -> a GPU framework is installed there
 
     # -- a local launch ---------------------------------------------------------------------------
     async def prepare(self, kernel_id: str, kernel_name: str, kwargs: dict, standby: bool = False) -> dict:
@@ -184,6 +187,16 @@ class Launcher:
                     f"({getattr(spec, 'resource_dir', 'jupyter kernelspec list')})")
         return None
 
+    async def has_gpu_framework(self, kernel_name: str) -> bool:
+        """Whether a GPU framework (torch, CuPy, JAX) is installed in a kernelspec's Python (asked
+        once per kernelspec, off the event loop)."""
+        if kernel_name not in self._frameworks:
+            _ipykernel, python = await self._spec(kernel_name)
+            code = HAS_GPU_FRAMEWORK
+            found = await asyncio.get_running_loop().run_in_executor(None, _probe, python or sys.executable, code)
+            self._frameworks[kernel_name] = found is not False
+        return self._frameworks[kernel_name]
+
     def without_gpuctx(self, kernel_name: str) -> str | None:
         """Why kernels of this kernelspec are left alone, when its Python lacks gpuctx (once probed)."""
         return self._spec_missing.get(kernel_name)
@@ -249,11 +262,11 @@ def _python_of(argv0: str) -> str:
     return shutil.which(argv0) or argv0
 
 
-def _probe(python: str) -> bool | None:
-    """Whether `python` can import gpuctx: True, False, or None when it cannot be asked (not a
-    Python, or it hangs) — then the kernel is treated as before, with gpuctx."""
+def _probe(python: str, check: str = HAS_GPUCTX) -> bool | None:
+    """Whether `python` passes `check` (can import gpuctx): True, False, or None when it cannot be
+    asked (not a Python, or it hangs) — then the kernel is treated as before, with gpuctx."""
     try:
-        code = subprocess.run([python, "-c", HAS_GPUCTX], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        code = subprocess.run([python, "-c", check], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S).returncode
     except (OSError, subprocess.SubprocessError):
         return None

@@ -103,9 +103,8 @@ class Actions:
         newports) never resolves: jupyter_server's stop_watching_activity cleans its wait up. So
         the kernel is asked here too, on a client of our own; whichever answers first."""
         timeout = float(getattr(self.mkm, "kernel_info_timeout", 60.0))
-        try:
-            kernel = self.mkm.get_kernel(kernel_id)
-        except KeyError:
+        kernel = kernel_client.find(self.mkm, kernel_id)
+        if kernel is None:
             return
 
         async def answers() -> None:

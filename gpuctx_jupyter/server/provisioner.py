@@ -34,6 +34,7 @@ from importlib.metadata import EntryPoint
 from jupyter_client.connect import LocalPortCache
 from jupyter_client.provisioning import KernelProvisionerFactory, LocalProvisioner
 
+from ..contract import POOL_NOTE
 from . import jupyter_internals as internals
 
 NAME = "gpuctx"
@@ -91,7 +92,9 @@ class GpuctxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd, **kwargs):
         at = self._attachment
-        standby = await self._take(at, kwargs) if at is not None else None
+        standby, note = await self._take(at, kwargs) if at is not None else (None, "")
+        if note and isinstance(kwargs.get("env"), dict):
+            kwargs["env"][POOL_NOTE] = note  # %gpu status says why this kernel started fresh
         if standby is not None:
             km = self.parent
             cwd = kwargs.get("cwd") or os.getcwd()
@@ -108,19 +111,20 @@ class GpuctxProvisioner(LocalProvisioner):
         return await super().launch_kernel(cmd, **kwargs)
 
     async def _take(self, at: Attachment, kwargs: dict):
+        """A standby for this launch, or (None, why none served it: "" when none was asked)."""
         pool, km = at.pool, self.parent
         if pool is not None and pool.launched_by_pool(km):
             pool.launching(km, kwargs.get("env") or {})  # the environment it really gets
-            return None
+            return None, ""
         if pool is None or not pool.serves(km.kernel_name):
-            return None
+            return None, ""
         env = kwargs.get("env") or {}
         restart = km.kernel_id in at.launcher.started
         if not restart and at.launcher.cfg.assign_devices != "off":
-            return None  # the server picks each new kernel's GPU: start it there
+            return None, ""  # the server picks each new kernel's GPU: start it there
         if not await pool.fits(env):
-            return None
-        return pool.take(km.kernel_name, env)
+            return None, ""
+        return await pool.take(km.kernel_name, env, kwargs.get("cwd") or os.getcwd(), restart)
 
     def _become(self, standby, cwd: str):
         """The standby's process is this kernel's now: its process, ports and connection info."""

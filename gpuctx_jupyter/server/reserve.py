@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from ..contract import WarmSettings
 from ..contract.holders import standby_holder_id
+from ..core import host_memory
+from . import kernel_client
 
 RESERVE = 1  # standbys the automatic reserve keeps per kernelspec in use
 HOST_FLOOR = 0.10  # no standby while the host has less than this fraction of its memory available
@@ -33,13 +35,9 @@ class GpuNotebook:
 
 
 def host_memory_available() -> float | None:
-    """The fraction of the host's memory available now (MemAvailable / MemTotal), None if unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            info = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh if ":" in line)}
-        return info["MemAvailable"] / info["MemTotal"]
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
-        return None
+    """The fraction of the host's memory available now (the container's limit where one applies)."""
+    mem = host_memory.available()
+    return mem.fraction if mem is not None else None
 
 
 class Reserve:
@@ -60,9 +58,8 @@ class Reserve:
             record = self.launcher.launched.get(kid)
             if record is None or not record.warmed or not await self._uses_gpu(record):
                 continue
-            try:
-                km = self.mkm.get_kernel(kid)
-            except KeyError:
+            km = kernel_client.find(self.mkm, kid)
+            if km is None:
                 continue
             running.add(kid)
             if now - self._seen.setdefault(kid, now) < self.cfg.pool_reserve_after:

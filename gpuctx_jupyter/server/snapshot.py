@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ..core.devices import GpuRecord, SpecError, VisibleDevice, parse_spec
 from ..core.inventory import Inventory
-from . import attribution
+from . import attribution, kernel_client
 from .attribution import KernelInfo
 from .kernel_client import kernel_pid
 
@@ -44,9 +44,8 @@ def list_kernels(serverapp, reported: Mapping[str, tuple[int | None, int]]) -> l
     children = attribution.child_table()
     kernels = []
     for kernel_id in km.list_kernel_ids():
-        try:
-            kernel = km.get_kernel(kernel_id)
-        except KeyError:  # shut down meanwhile
+        kernel = kernel_client.find(km, kernel_id)
+        if kernel is None:  # shut down meanwhile
             continue
         pid = kernel_pid(kernel)
         answered_as, own = reported.get(kernel_id, (None, None))

@@ -69,6 +69,7 @@ class Step:
     state: str = "planned"  # planned | running | done | skipped | failed
     detail: str = ""
     seconds: float | None = None
+    cuda: str = ""  # after an import: "driver" or "context" when it touched CUDA (core/cuda_driver.py)
     # what to do, for the warm-up (not shown)
     module: str = ""
     names: tuple[str, ...] = ()
@@ -253,6 +254,22 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     for name in ("cupy", "jax", "numba"):
         if name in present:
             _other_steps(plan, name, signals, used.get(name))
+    return plan
+
+
+def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
+    """A standby's plan: the server's import profile, imported ahead of any notebook, and nothing
+    that touches CUDA (the notebook that adopts the standby warms its GPU part itself). As for a
+    notebook's imports: installed packages only, never local code, never the deny list."""
+    plan = Plan(recipe="imports", reading="a standby of the server: its import profile, no CUDA", gpu=False)
+    for module in modules:
+        step = plan.add(Step("import", f"import {module}", where="import profile", module=module))
+        entry = denied(module, deny)
+        ok, why = installed_outside(module, None, cwd)
+        if entry:
+            step.state, step.detail = "skipped", f"on the deny list ({entry}): importing it has side effects"
+        elif not ok:
+            step.state, step.detail = "skipped", why
     return plan
 
 

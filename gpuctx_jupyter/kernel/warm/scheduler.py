@@ -21,7 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ...contract import DEFAULT_OPS
+from ...contract import DEFAULT_OPS, STANDBY
+from ...core import cuda_driver
 from ...core import frameworks as fws
 from ...core import inventory
 from . import plan as plans
@@ -260,6 +261,11 @@ class Warmer:
     # -- the thread -----------------------------------------------------------------------------
     def _run(self, make_plan, device) -> None:
         st = self.status
+        if os.environ.get(STANDBY):  # a standby of the warm pool yields the CPU to every other process
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread (and its helpers)
+            except (OSError, AttributeError):
+                pass
         try:
             plan = self.plan = make_plan()
             self._carry_out(plan, device)
@@ -441,6 +447,9 @@ class Warmer:
         finally:
             with self._cond:
                 self._importing = None
+            step.cuda = cuda_driver.touched()
+            if step.cuda and self.plan is not None and not self.plan.gpu:
+                step.detail = "; ".join(x for x in (step.detail, f"it started CUDA ({step.cuda})") if x)
 
     # -- GPU and CPU work ---------------------------------------------------------------------
     def _gpu_reason(self, plan: Plan, imported) -> str | None:

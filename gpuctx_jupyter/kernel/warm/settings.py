@@ -9,7 +9,7 @@ from __future__ import annotations
 from traitlets import Enum, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
-from ...contract import OPS, RECIPES, WarmSettings
+from ...contract import KERNEL_RECIPES, OPS, WarmSettings
 from . import plan as plans
 
 
@@ -31,7 +31,7 @@ class GpuWarmup(Configurable):
     ).tag(config=True)
 
     recipe = Enum(
-        list(RECIPES),
+        list(KERNEL_RECIPES),
         help="""What the kernel warms. 'notebook': what its notebook runs, read at every kernel
         start from the notebook's current content — its top-level imports of installed packages,
         the GPU frameworks it uses and no other, its precisions, a backward and an optimizer step
@@ -102,6 +102,11 @@ class GpuWarmup(Configurable):
     @default("imports")
     def _imports_default(self):
         return WarmSettings.from_env().imports
+
+    @default("import_budget")
+    def _import_budget_default(self):
+        budget = WarmSettings.from_env().import_budget
+        return plans.IMPORT_BUDGET_S if budget is None else budget
 
     @default("device")
     def _device_default(self):

@@ -6,7 +6,7 @@ import inspect
 import logging
 import os
 
-from ...contract import DEFAULT_OPS, SESSION, WARM_SOURCE, opted_out
+from ...contract import DEFAULT_OPS, SESSION, STANDBY_RECIPE, WARM_SOURCE, opted_out
 from ...contract import notebook as nbread
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
@@ -21,6 +21,8 @@ _UNHOOK = "_gpuctx_unhook_kernel_info"
 def planner(cfg: GpuWarmup, path: str | None):
     """What the warm-up thread calls to make its plan (reading the notebook happens there)."""
     frameworks, ops, imports = tuple(cfg.frameworks), tuple(cfg.ops), tuple(cfg.imports)
+    if cfg.recipe == STANDBY_RECIPE:
+        return lambda: plans.imports_only(imports, tuple(cfg.import_deny))
     if cfg.recipe == "basic":
         return lambda: plans.basic(frameworks, ops, imports)
     deny, most = tuple(cfg.import_deny), cfg.max_imports

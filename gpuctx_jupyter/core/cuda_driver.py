@@ -1,0 +1,50 @@
+"""Has this process touched CUDA? Asked of the driver without touching it.
+
+An import-warm standby (a kernel that imported a notebook's modules ahead of time) must leave
+CUDA alone: no context (nothing in nvidia-smi, no GPU memory) and, so that the environment a
+notebook gives it at adoption still applies (CUDA_VISIBLE_DEVICES is read when the driver starts),
+not even the driver started. Some imports start it (torch_geometric does; torch, transformers and
+lightning do not — scripts/probe-imports.py). This module answers for the current process:
+
+- `touched()`: "" (untouched), "driver" (cuInit ran, no context), or "context" (a primary
+  context is active on some device: it holds GPU memory);
+- libcuda is never loaded by asking: if the process has not loaded it (RTLD_NOLOAD), CUDA is
+  untouched. Without an NVIDIA driver the answer is "" too.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+
+NOT_INITIALIZED = 3  # CUDA_ERROR_NOT_INITIALIZED: cuInit has not run in this process
+LIBCUDA = "libcuda.so.1"
+
+
+def _loaded_libcuda():
+    try:
+        return ctypes.CDLL(LIBCUDA, mode=getattr(os, "RTLD_NOLOAD", 0x4) | ctypes.RTLD_GLOBAL)
+    except OSError:
+        return None
+
+
+def touched() -> str:
+    """"" | "driver" | "context" for this process (see the module's docstring); never raises."""
+    try:
+        cuda = _loaded_libcuda()
+        if cuda is None:
+            return ""
+        count = ctypes.c_int(0)
+        code = cuda.cuDeviceGetCount(ctypes.byref(count))
+        if code == NOT_INITIALIZED:
+            return ""
+        if code != 0:
+            return "driver"
+        for ordinal in range(count.value):
+            device, flags, active = ctypes.c_int(0), ctypes.c_uint(0), ctypes.c_int(0)
+            if cuda.cuDeviceGet(ctypes.byref(device), ordinal) != 0:
+                continue
+            if cuda.cuDevicePrimaryCtxGetState(device, ctypes.byref(flags), ctypes.byref(active)) == 0 and active.value:
+                return "context"
+        return "driver"
+    except Exception:  # noqa: BLE001 — an odd libcuda answers "driver": it was loaded, so assume started
+        return "driver"

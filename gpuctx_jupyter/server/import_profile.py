@@ -1,0 +1,175 @@
+"""The import profile: what an import-warm standby imports before any notebook asks for it.
+
+Imports are the longest wait a notebook's first cells meet (10–17 s for notebooks built on
+transformers, lightning or torch_geometric on an H200 host, longer than anyone reads before the
+first Run): a standby that has imported them before the notebook is opened makes the import cell
+instant. The profile holds:
+
+- the base: torch, torch._dynamo and torch.optim where torch is installed (an optimizer's first
+  use imports torch._dynamo, ~3 s);
+- the top-level imports of installed modules of the notebooks opened or modified most recently
+  under the server's root: read at start-up (off the event loop) and again at every open, kept
+  across server restarts in Jupyter's data folder;
+- what each import costs and what it did, as the standbys report it: a module that failed, did
+  not finish in time or created a CUDA context is dropped (logged once); one that started the CUDA
+  driver (torch_geometric does) stays, marked, and a standby holding it serves only notebooks whose
+  CUDA start-up environment is the standby's.
+
+Capped by count and by import time: `modules()` is the list a standby imports, in that order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from ..contract.notebook import Facts
+
+BASE_TORCH = ("torch", "torch._dynamo", "torch.optim")
+MAX_MODULES = 30
+IMPORT_BUDGET_S = 60.0
+RECENT_NOTEBOOKS = 20  # notebooks read at start-up: the most recently modified ones under the root
+SCAN_ENTRIES = 5000  # folder entries looked at by the start-up scan at most
+SKIP_DIRS = {"node_modules", "site-packages", "__pycache__", ".ipynb_checkpoints", ".git", ".venv", "venv"}
+
+
+@dataclass
+class Entry:
+    module: str
+    seen: int = 0  # notebooks that import it
+    last: float = 0.0  # when a notebook importing it was last opened or modified (epoch)
+    seconds: float | None = None  # its import, as a standby last measured it
+    dropped: str = ""  # why it is no longer imported ahead (a sentence)
+    driver: bool = False  # its import starts the CUDA driver
+
+
+class ImportProfile:
+    def __init__(self, path: str | None, log, torch_installed: bool, max_modules: int = MAX_MODULES,
+                 budget_s: float = IMPORT_BUDGET_S):
+        self.path, self.log = path, log
+        self.max_modules, self.budget_s = max_modules, budget_s
+        self.base = list(BASE_TORCH) if torch_installed else []
+        self.entries: dict[str, Entry] = {}
+        self._logged: set[str] = set()
+
+    # -- learning --------------------------------------------------------------------------------
+    def learn(self, facts: Facts, when: float | None = None) -> bool:
+        """A notebook was opened (or found at start-up): its top-level imports count. True when the
+        profile's module list changed."""
+        if facts.error or facts.opts_out:
+            return False
+        before = self.modules()
+        when = time.time() if when is None else when
+        seen = set()
+        for ev in facts.imports():
+            top = ev.module.split(".")[0]
+            if top in sys.stdlib_module_names or top == "__future__" or ev.module in seen:
+                continue
+            seen.add(ev.module)
+            entry = self.entries.setdefault(ev.module, Entry(ev.module))
+            entry.seen += 1
+            entry.last = max(entry.last, when)
+        return self.modules() != before
+
+    def outcome(self, module: str, state: str, seconds: float | None, cuda: str, detail: str = "") -> None:
+        """What importing `module` did in a standby (its plan step): keep its time, drop what broke."""
+        entry = self.entries.get(module)
+        if entry is None:
+            if module in self.base and cuda == "context":
+                self._drop_once(module, "it created a CUDA context")
+            return
+        if seconds is not None and state == "done":
+            entry.seconds = seconds
+        entry.driver = entry.driver or cuda == "driver"
+        if cuda == "context":
+            self._drop(entry, "its import created a CUDA context (GPU memory in a standby)")
+        elif "import budget" in detail:
+            self._drop(entry, f"its import did not finish in time ({detail})")
+        elif state == "failed":
+            self._drop(entry, f"its import failed ({detail})" if detail else "its import failed")
+        elif state == "skipped" and detail.startswith(("not installed", "local code", "not an installed", "on the deny")):
+            self._drop(entry, detail)
+
+    def _drop(self, entry: Entry, why: str) -> None:
+        if not entry.dropped:
+            entry.dropped = why
+            self._drop_once(entry.module, why)
+
+    def _drop_once(self, module: str, why: str) -> None:
+        if module not in self._logged:
+            self._logged.add(module)
+            self.log.info("gpuctx pool: %s is no longer imported ahead by standbys: %s", module, why)
+
+    # -- what a standby imports ---------------------------------------------------------------------
+    def modules(self) -> list[str]:
+        """The base, then the learned modules most recently used first, capped by count and time."""
+        out = list(self.base)
+        spent = 0.0
+        for entry in sorted(self.entries.values(), key=lambda e: (-e.last, -e.seen, e.module)):
+            if entry.dropped or entry.module in out:
+                continue
+            if len(out) >= self.max_modules:
+                break
+            cost = entry.seconds or 0.0
+            if spent + cost > self.budget_s:
+                continue
+            spent += cost
+            out.append(entry.module)
+        return out
+
+    def starts_driver(self, modules) -> bool:
+        return any(self.entries.get(m, Entry(m)).driver for m in modules)
+
+    # -- kept across server restarts --------------------------------------------------------------
+    def load(self) -> None:
+        if not self.path:
+            return
+        try:
+            with open(self.path) as fh:
+                raw = json.load(fh)
+            for item in raw.get("entries", []):
+                entry = Entry(**{k: item[k] for k in Entry.__dataclass_fields__ if k in item})
+                if isinstance(entry.module, str) and entry.module:
+                    self.entries[entry.module] = entry
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass  # none yet, or not ours: learnt again from the notebooks
+
+    def save(self) -> None:
+        if not self.path:
+            return
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"version": 1, "entries": [asdict(e) for e in self.entries.values()]}, fh)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            self._drop_once("(the profile file)", f"cannot write {self.path}: {exc}")
+
+    def as_dict(self) -> dict:
+        return {"modules": self.modules(), "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
+                "learned": len(self.entries)}
+
+
+def recent_notebooks(root: str, limit: int = RECENT_NOTEBOOKS, budget: int = SCAN_ENTRIES) -> list[tuple[float, str]]:
+    """(mtime, path) of the most recently modified notebooks under `root`, newest first; hidden
+    and environment folders skipped, at most `budget` entries looked at (run off the event loop)."""
+    found: list[tuple[float, str]] = []
+    looked = 0
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIP_DIRS]
+        for name in files:
+            looked += 1
+            if name.endswith(".ipynb"):
+                path = os.path.join(folder, name)
+                try:
+                    found.append((os.stat(path).st_mtime, path))
+                except OSError:
+                    continue
+        looked += len(dirs)
+        if looked > budget:
+            break
+    found.sort(reverse=True)
+    return found[:limit]

@@ -1,0 +1,290 @@
+"""One standby kernel of the warm pool: what it is, whether it may serve a launch, and the moves of
+its life — coming up, reporting what it imported, being paused for a running cell, being handed
+over, being stopped.
+
+Two kinds. An *imports* standby has imported the server's import profile and touched no CUDA: it
+serves any GPU notebook of its kernelspec, which then warms its own GPU part. A *gpu* standby (the
+restart reserve) ran one notebook's warm plan on that notebook's device: GPU-ready for that
+notebook's restart, ~600 MiB of GPU memory held meanwhile.
+
+A standby is a process the pool launched through a kernel manager of its own (never the
+server's): in no kernel list, out of the culler's reach, with no restarter to revive it half-warm
+when it dies. Its state changes only on the event loop: booting → ready → taken, or → stopping.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from jupyter_core.utils import ensure_async
+
+from ..contract import ADOPT_REPLY, ADOPT_REQUEST, DEVICE, REQUEST, SESSION
+from ..contract.notebook import Facts
+from ..core import host_memory
+from . import jupyter_internals as internals
+from . import kernel_client
+
+# Read once, when CUDA (or the framework) starts: a standby that has started CUDA with other
+# values cannot serve a kernel that should have had these. One that has not started it takes them
+# at the hand-over — except what the dynamic loader read when the process started.
+CUDA_STARTUP_VARS = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
+    "NVIDIA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "LD_LIBRARY_PATH",
+    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+)
+PROCESS_START_VARS = ("LD_LIBRARY_PATH",)
+CUDA_SETUP_PREFIXES = ("CUDA_", "NVIDIA_", "PYTORCH_CUDA", "PYTORCH_NVML", "XLA_")  # read when CUDA starts
+READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
+WARM_TIMEOUT_S = 180.0  # a standby still warming up by then counts as ready anyway
+HAND_OVER_TIMEOUT_S = 10.0
+
+
+class StandbyFailed(Exception):
+    """A standby kernel could not be started or did not come up."""
+
+
+@dataclass
+class Standby:
+    km: object  # the jupyter_client KernelManager that launched it (the pool's own)
+    kernel_name: str
+    env: dict  # the environment it was launched with (its kernelspec's variables merged in)
+    started: float  # time.monotonic()
+    kind: str = "gpu"  # gpu | imports
+    state: str = "booting"  # booting | ready | taken | stopping
+    notebook: str | None = None  # the notebook whose warm plan it ran (gpu kind)
+    profile: tuple[str, ...] = ()  # what it was asked to import (imports kind)
+    imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
+    driver: bool = False  # it has started the CUDA driver
+    paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
+    paused_s: float = 0.0
+    _paused_at: float = 0.0
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def pid(self) -> int | None:
+        return kernel_client.kernel_pid(self.km)
+
+    def alive(self) -> bool:
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return process is not None and process.poll() is None
+
+    @property
+    def ordinal(self) -> int:
+        """The GPU it was warmed on, as planned: its settings' device, else CUDA's default."""
+        try:
+            return int(self.env.get(DEVICE) or 0)
+        except ValueError:
+            return 0
+
+    def imported(self) -> set[str]:
+        """What it has imported (what it was asked to, while it is still importing)."""
+        return set(self.imports) or set(self.profile)
+
+    def rss(self) -> int | None:
+        return host_memory.rss(self.pid) if self.pid else None
+
+    # -- pausing for a running cell ------------------------------------------------------------------
+    def pause(self) -> None:
+        if not self.paused and self.state == "booting" and self.alive():
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+                self.paused, self._paused_at = True, time.monotonic()
+            except OSError:
+                pass
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            self.paused_s += time.monotonic() - self._paused_at
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except OSError:
+                pass
+
+
+def differing_environment(s: Standby, env: dict) -> list[str]:
+    """The start-up variables that differ between a standby and a launch (empty: it can serve)."""
+    names = CUDA_STARTUP_VARS if (s.kind == "gpu" or s.driver) else PROCESS_START_VARS
+    return [v for v in names if s.env.get(v) != env.get(v)]
+
+
+def unsafe_setup(s: Standby, facts: Facts) -> str | None:
+    """Why the notebook's set-up must run before what the standby has imported, if it must: a
+    setting or change (environment, sys.path, working directory, installs) before one of its
+    imports. Settings CUDA reads when it starts are safe while the standby has not started it."""
+    if s.kind == "gpu" and s.notebook and s.notebook == facts.path:
+        return None  # warmed with this very notebook's plan, which applies or respects its set-up
+    pending = None
+    for ev in facts.events:
+        if ev.kind == "env":
+            name = (ev.env or ("", None))[0]
+            if name and name.startswith(CUDA_SETUP_PREFIXES) and not s.driver and s.kind == "imports":
+                continue
+            pending = pending or (f"the notebook sets {name or 'environment variables'} at {ev.where} before its "
+                                  "imports, which a kernel that imported them ahead would not see")
+        elif ev.kind == "barrier":
+            pending = pending or f"the notebook's set-up at {ev.where} ({ev.why}) comes before its imports"
+        elif ev.kind == "import" and pending and ev.module.split(".")[0] in {m.split(".")[0] for m in s.imported()}:
+            return pending
+    return None
+
+
+def shadowed(s: Standby, cwd: str) -> str | None:
+    """A module the standby imported that the notebook's folder holds a file of its own for (the
+    notebook would import that one): run off the event loop."""
+    for module in sorted({m.split(".")[0] for m in s.imported()}):
+        if any(os.path.exists(os.path.join(cwd, name)) for name in (f"{module}.py", os.path.join(module, "__init__.py"))):
+            return f"{os.path.join(cwd, module)} is local code the notebook imports instead of the installed {module}"
+    return None
+
+
+def needed(facts: Facts) -> set[str]:
+    """The notebook's top-level imports of modules beyond the standard library."""
+    return {e.module for e in facts.imports()
+            if e.module.split(".")[0] not in sys.stdlib_module_names and e.module.split(".")[0] != "__future__"}
+
+
+def covered(s: Standby, wanted: set[str]) -> int:
+    have = s.imported()
+    return sum(1 for m in wanted if m in have or m.split(".")[0] in have)
+
+
+# -- its life ------------------------------------------------------------------------------------------
+async def until_ready(s: Standby, closing) -> None:
+    """Until a new standby answers kernel_info; StandbyFailed if its process exits first, it never
+    answers, or the server shuts down meanwhile (`closing()`). Returns early once it is taken. Time
+    paused for a running cell does not count."""
+    while not closing() and s.state == "booting":
+        if not s.alive():
+            raise StandbyFailed(f"the kernel exited during start-up ({exit_status(s.km)})")
+        if time.monotonic() - s.started - s.paused_s > READY_TIMEOUT_S and not s.paused:
+            raise StandbyFailed(f"the kernel did not answer kernel_info within {READY_TIMEOUT_S:g} s")
+        if s.paused:
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            await kernel_client.request(s.km, "shell", "kernel_info_request", {}, 1.0)
+            return
+        except kernel_client.NoReply:
+            continue
+    if closing():
+        raise StandbyFailed("the server is shutting down")
+
+
+async def until_warmed(s: Standby, closing) -> dict:
+    """Until a standby's warm-up has ended (its last report); a request still takes one that is
+    warming: its first cell then waits only for what is left."""
+    report: dict = {}
+    while not closing() and s.state == "booting":
+        if time.monotonic() - s.started - s.paused_s > WARM_TIMEOUT_S:
+            break
+        if s.paused:
+            await asyncio.sleep(0.2)
+            continue
+        try:
+            reply = await kernel_client.request(s.km, "control", REQUEST, {}, 2.0)
+        except kernel_client.NoReply:
+            if not s.alive():
+                raise StandbyFailed(f"the kernel exited while warming up ({exit_status(s.km)})") from None
+            continue
+        report = reply.get("content", {})
+        learn_report(s, report)
+        if (report.get("warmup") or {}).get("state") != "running":
+            return report
+        await asyncio.sleep(0.2)
+    if closing():
+        raise StandbyFailed("the server is shutting down")
+    return report
+
+
+def learn_report(s: Standby, report: dict) -> None:
+    """What the standby's warm-up has done, from its answer to the GPU question."""
+    steps = (report.get("plan") or {}).get("steps") or []
+    s.imports = [m for m in (imported_module(st) for st in steps) if m]
+    s.driver = s.driver or any(st.get("cuda") for st in steps)
+
+
+def imported_module(step: dict) -> str | None:
+    """The module a plan step (as the kernel reports it) imported, when it did."""
+    name = str(step.get("name", ""))
+    if step.get("state") != "done" or step.get("kind") not in ("import", "framework", "cpu"):
+        return None
+    if name.startswith("import "):
+        return name.split()[1]
+    if name.startswith("from "):
+        return name.split()[1]
+    return None
+
+
+async def hand_over(s: Standby, cwd: str, env: dict, connection_file: str) -> None:
+    """Tell a taken standby it now serves this kernel, on its control channel: it moves into the
+    notebook's folder and takes the environment and connection file a fresh kernel would have had
+    (and, having started no CUDA, its CUDA settings). No cell runs. Raises when it cannot."""
+    fixed = CUDA_STARTUP_VARS if (s.kind == "gpu" or s.driver) else PROCESS_START_VARS
+    delta: dict[str, str | None] = {k: v for k, v in env.items() if s.env.get(k) != v and k not in fixed}
+    delta.update({k: None for k in s.env if k not in env})  # e.g. the notebook it was warmed for
+    content = {"cwd": cwd, "env": delta, "pooled": str(round(time.monotonic() - s.started, 1)),
+               "connection_file": connection_file}
+    s.resume()
+    reply = await _request_while_alive(s, ADOPT_REQUEST, content, HAND_OVER_TIMEOUT_S)
+    answer = reply.get("content", {})
+    if reply.get("msg_type") != ADOPT_REPLY or answer.get("status") != "ok":
+        raise RuntimeError(f"the standby did not take the notebook: {answer.get('message') or reply.get('msg_type')}")
+    internals.close_control(s.km)
+    s.km.cleanup_connection_file()  # the server's kernel manager writes the kernel's own
+
+
+async def _request_while_alive(s: Standby, msg_type: str, content: dict, timeout: float) -> dict:
+    """A control request to a standby that fails at once when its process exits meanwhile."""
+    request = asyncio.ensure_future(kernel_client.request(s.km, "control", msg_type, content, timeout))
+    try:
+        while not request.done():
+            await asyncio.wait([request], timeout=0.1)
+            if not request.done() and not s.alive():
+                raise StandbyFailed(f"the standby's process exited ({exit_status(s.km)})")
+        return request.result()
+    finally:
+        if not request.done():
+            request.cancel()
+
+
+async def stop(s: Standby, log) -> None:
+    """Stop a standby the pool owns (never one handed over), and remove its connection file."""
+    if s.state == "stopping":
+        return
+    s.state = "stopping"
+    s.resume()  # a stopped process cannot shut down
+    try:
+        await ensure_async(s.km.shutdown_kernel(now=True))
+    except Exception as exc:
+        if s.alive():
+            log.warning("gpuctx pool: stopping standby %s: %s: %s", s.pid, type(exc).__name__, exc)
+    finally:
+        remove_connection_file(s.km)
+
+
+def exit_status(km) -> str:
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    code = process.poll() if process is not None and hasattr(process, "poll") else None
+    return "its process is gone" if code is None else f"exit code {code}"
+
+
+def remove_connection_file(km) -> None:
+    try:
+        km.cleanup_connection_file()
+    except Exception:
+        pass
+
+
+def with_session(env: dict, notebook: str | None) -> dict:
+    env = dict(env)
+    if notebook:
+        env[SESSION] = notebook
+    return env

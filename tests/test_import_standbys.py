@@ -1,0 +1,224 @@
+"""Import-warm standbys (issue #24) in a real jupyter_server with real kernels, no GPU: a kernel
+that has imported the server's import profile before a notebook asks for it, handed to a notebook
+on open and on restart, indistinguishable from a fresh kernel for the notebook's code."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import psutil
+
+from .harness.faults import assert_clean, pool_of
+from .harness.notebooks import notebook
+from .harness.waiting import wait_for
+
+AUTO = {"GPUCTX_SERVER_POOL": "auto"}  # the default (the suite's servers keep no pool otherwise)
+PROBE = ("import json, os, sys\n"
+         "print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), 'path0': sys.path[0], 'argv': sys.argv,"
+         " 'session': os.environ.get('JPY_SESSION_NAME'), 'dunder': globals().get('__session__'),"
+         " 'modules': sorted(m for m in ('torch', 'torch._dynamo', 'gpuctx_slow_two') if m in sys.modules),"
+         " 'pooled': 'GPUCTX_POOLED' in os.environ, 'note': os.environ.get('GPUCTX_POOL_NOTE'),"
+         " 'standby': os.environ.get('GPUCTX_STANDBY'), 'recipe': os.environ.get('GPUCTX_WARM_RECIPE'),"
+         " 'history': len(list(get_ipython().history_manager.get_range()))}))")
+
+
+def site_with_a_slow_module(tmp_path) -> dict:
+    """An installed package (a site-packages folder on the path) whose import takes 2 s."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_slow_two").mkdir(parents=True)
+    (site / "gpuctx_slow_two" / "__init__.py").write_text("import time\ntime.sleep(2)\n")
+    return {**AUTO, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+def imports_standby(srv, at_least: int = 3, timeout: float = 180) -> dict:
+    """The ready imports standby once it has imported `at_least` modules."""
+    return wait_for(lambda: next((s for s in (pool_of(srv) or {}).get("standbys", [])
+                                  if s["kind"] == "imports" and s["ready"] and s["imports"] >= at_least), None),
+                    timeout=timeout)
+
+
+def probe(srv, kid: str) -> dict:
+    ks = srv.channels(kid)
+    try:
+        r = ks.execute(PROBE)
+        assert r.reply["status"] == "ok", r.stderr
+        assert r.reply["execution_count"] == 1  # the hand-over was no cell
+        return json.loads(r.stdout)
+    finally:
+        ks.close()
+
+
+def test_an_imports_standby_starts_with_the_server_and_touches_no_cuda(server_factory):
+    srv = server_factory(env=AUTO)
+    standby = imports_standby(srv)
+    status = pool_of(srv)
+    assert status["import_profile"]["modules"][:3] == ["torch", "torch._dynamo", "torch.optim"]
+    assert standby["cuda_driver"] is False and standby["memory"] is None  # nothing on a GPU
+    assert standby["rss"] > 100 * 2**20 and status["host_memory"]["standbys"] >= standby["rss"]
+    assert status["host_memory"]["standbys"] <= status["host_memory"]["budget"]
+    assert srv.api("GET", "/api/kernels")[1] == []  # invisible
+    assert psutil.Process(standby["pid"]).nice() == 0  # only its warm-up thread ran at the lowest priority
+
+
+def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_fresh_kernel(server_factory, tmp_path):
+    env = site_with_a_slow_module(tmp_path)
+    (tmp_path / "project").mkdir()
+    notebook(tmp_path / "project" / "train.ipynb", ["import torch\nimport gpuctx_slow_two", "x = torch.ones(3)"])
+    notebook(tmp_path / "project" / "plain.ipynb", "print('no GPU framework')")
+    srv = server_factory(env=env)
+    standby = imports_standby(srv, at_least=4)  # the root was read: the slow module is in the profile
+    assert "gpuctx_slow_two" in pool_of(srv)["import_profile"]["modules"]
+    kid = srv.start_kernel(path="project/train.ipynb")
+    adopted = probe(srv, kid)
+    fresh = probe(srv, srv.start_kernel(path="project/plain.ipynb"))  # no GPU framework: a fresh kernel
+    assert adopted["pid"] == standby["pid"] and adopted["pooled"] and not fresh["pooled"]
+    assert adopted["modules"] == ["gpuctx_slow_two", "torch", "torch._dynamo"]  # imported before its first cell
+    project = str(tmp_path / "project")
+    assert adopted["cwd"] == fresh["cwd"] == project and adopted["path0"] == fresh["path0"]
+    assert adopted["session"].endswith("train.ipynb") and adopted["dunder"] == adopted["session"]
+    assert adopted["history"] == fresh["history"] == 1  # only this cell: the hand-over left none
+    assert adopted["standby"] is None and adopted["recipe"] == fresh["recipe"] == "notebook"  # a notebook's settings
+    connection = adopted["argv"][adopted["argv"].index("-f") + 1]  # the server's file for this kernel id
+    assert connection.endswith(f"kernel-{kid}.json") and os.path.exists(connection)
+    assert len(adopted["argv"]) == len(fresh["argv"])
+    # refilled at once, at the lowest CPU priority
+    wait_for(lambda: any(s["kind"] == "imports" and s["pid"] != standby["pid"] for s in pool_of(srv)["standbys"]),
+             timeout=60)
+
+
+def test_the_profile_is_remembered_across_server_restarts(server_factory, tmp_path):
+    env = site_with_a_slow_module(tmp_path)
+    notebook(tmp_path / "train.ipynb", ["import torch\nimport gpuctx_slow_two"])
+    first = server_factory(env=env)
+    first.start_kernel(path="train.ipynb")
+    imports_standby(first, at_least=4)
+    first.stop()
+    (tmp_path / "train.ipynb").unlink()  # only the profile kept in Jupyter's data folder knows it now
+    second = server_factory(env=env)
+    assert "gpuctx_slow_two" in wait_for(lambda: (pool_of(second).get("import_profile") or {}).get("modules"))
+    imports_standby(second, at_least=4)
+
+
+def test_an_import_that_fails_or_hangs_is_dropped_and_the_standby_still_serves(server_factory, tmp_path):
+    site = tmp_path / "lib" / "site-packages"
+    for name, code in (("gpuctx_broken_mod", "raise RuntimeError('broken on import')\n"),
+                       ("gpuctx_hanging_mod", "import time\ntime.sleep(3600)\n")):
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text(code)
+    env = {**AUTO, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    notebook(tmp_path / "nb.ipynb", ["import torch\nimport gpuctx_broken_mod\nimport gpuctx_hanging_mod"])
+    srv = server_factory("--GpuctxServer.import_profile_seconds=8", env=env)
+    profile = wait_for(lambda: (lambda p: p if len(p.get("dropped", {})) == 2 else None)(
+        pool_of(srv).get("import_profile") or {}), timeout=180)
+    assert "failed" in profile["dropped"]["gpuctx_broken_mod"]
+    assert "did not finish in time" in profile["dropped"]["gpuctx_hanging_mod"]
+    assert not {"gpuctx_broken_mod", "gpuctx_hanging_mod"} & set(profile["modules"])
+    log = srv.log()
+    assert log.count("gpuctx_broken_mod is no longer imported ahead") == 1
+    standby = wait_for(lambda: next((s for s in pool_of(srv)["standbys"] if s["kind"] == "imports" and s["ready"]
+                                     and s["imports"] >= 3), None), timeout=180)
+    kid = srv.start_kernel(path="nb.ipynb")
+    assert probe(srv, kid)["pid"] == standby["pid"]
+
+
+def test_set_up_before_the_imports_gets_a_fresh_kernel_and_status_says_why(server_factory, tmp_path):
+    notebook(tmp_path / "nb.ipynb", ["import os\nos.environ['HF_HOME'] = '/data/hf'", "import torch"])
+    srv = server_factory(env=AUTO)
+    standby = imports_standby(srv)
+    kid = srv.start_kernel(path="nb.ipynb")
+    seen = probe(srv, kid)
+    assert seen["pid"] != standby["pid"] and not seen["pooled"]
+    assert "sets HF_HOME at cell 1, line 2 before its imports" in seen["note"]
+    ks = srv.channels(kid)
+    assert "started fresh, not from the warm pool: the notebook sets HF_HOME" in ks.execute("%gpu status").text
+    ks.close()
+    # CUDA's own settings are read when CUDA starts: a standby that has not started it takes them
+    notebook(tmp_path / "cuda.ipynb", ["import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0'", "import torch"])
+    kid = srv.start_kernel(path="cuda.ipynb")
+    assert probe(srv, kid)["pid"] == standby["pid"]
+
+
+def test_a_local_module_shadowing_a_pre_imported_one_gets_a_fresh_kernel(server_factory, tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "torch.py").write_text("raise SystemExit('the local one')\n")
+    notebook(tmp_path / "proj" / "nb.ipynb", "import numpy")  # no GPU framework: served fresh anyway
+    notebook(tmp_path / "proj" / "gpu.ipynb", ["%gpu list", "import numpy"])
+    srv = server_factory(env=AUTO)
+    standby = imports_standby(srv)
+    seen = probe(srv, srv.start_kernel(path="proj/gpu.ipynb"))
+    assert seen["pid"] != standby["pid"] and "local code" in seen["note"]
+
+
+def test_concurrent_opens_and_restarts_share_no_standby_and_leave_nothing(faulty, tmp_path):
+    for i in range(4):
+        notebook(tmp_path / f"nb{i}.ipynb", "import torch")
+    srv = faulty(env=AUTO)
+    standby = imports_standby(srv)
+    results = {}
+
+    def open_one(i):
+        results[i] = srv.start_kernel(path=f"nb{i}.ipynb")
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    pids = [probe(srv, kid)["pid"] for kid in results.values()]
+    assert len(set(pids)) == 4 and pids.count(standby["pid"]) == 1  # one of them got it, none twice
+    restarts = [threading.Thread(target=lambda k=kid: srv.api("POST", f"/api/kernels/{k}/restart"))
+                for kid in results.values()]
+    for t in restarts:
+        t.start()
+    for t in restarts:
+        t.join(120)
+    after = [probe(srv, kid)["pid"] for kid in results.values()]
+    assert len(set(after)) == 4 and not set(after) & set(pids)
+    assert_clean(srv, timeout=120)
+
+
+def test_a_standby_killed_while_being_handed_over_gives_a_fresh_kernel(faulty, tmp_path):
+    notebook(tmp_path / "nb.ipynb", "import torch")
+    srv = faulty(env=AUTO)
+    standby = imports_standby(srv)
+    os.kill(standby["pid"], signal.SIGSTOP)  # it takes the hand-over request and cannot answer
+    opened = {}
+    opening = threading.Thread(target=lambda: opened.update(kid=srv.start_kernel(path="nb.ipynb")))
+    opening.start()
+    wait_for(lambda: all(s["pid"] != standby["pid"] for s in pool_of(srv)["standbys"]))  # taken
+    os.kill(standby["pid"], signal.SIGKILL)
+    opening.join(60)
+    seen = probe(srv, opened["kid"])
+    assert seen["pid"] != standby["pid"] and not seen["pooled"]
+    assert "handing a standby to kernel" in srv.log()
+    assert_clean(srv, timeout=120)
+
+
+def test_no_standby_beyond_its_share_of_host_memory_and_the_pool_says_so(server_factory):
+    srv = server_factory("--GpuctxServer.standby_memory_fraction=0.0001", env=AUTO)
+    status = wait_for(lambda: (lambda p: p if "standby_memory_fraction" in json.dumps(p["kernelspecs"]) else None)(
+        pool_of(srv)), timeout=60)
+    assert status["standbys"] == [] and status["host_memory"]["budget"] < 2**30
+
+
+def test_a_kernelspec_of_its_own_gets_its_own_standby_never_another(server_factory, tmp_path):
+    import sys
+
+    spec = tmp_path / "jupyter-data" / "kernels" / "myenv"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "My env", "language": "python", "env": {"MY_ENV": "1"}}))
+    notebook(tmp_path / "nb.ipynb", "import torch")
+    notebook(tmp_path / "nb2.ipynb", "import torch")
+    srv = server_factory("--GpuctxServer.pool_reserve_after=0", env={**AUTO, "JUPYTER_PATH": str(tmp_path / "jupyter-data")})
+    python3 = imports_standby(srv)
+    first = probe(srv, srv.start_kernel(name="myenv", path="nb.ipynb"))
+    assert first["pid"] != python3["pid"]  # the python3 standby never serves another kernelspec
+    mine = wait_for(lambda: next((s for s in pool_of(srv)["standbys"] if s["kernel_name"] == "myenv"
+                                  and s["kind"] == "imports" and s["ready"]), None), timeout=180)
+    others = {s["pid"] for s in pool_of(srv)["standbys"] if s["kernel_name"] == "myenv"}
+    second = probe(srv, srv.start_kernel(name="myenv", path="nb2.ipynb"))
+    assert second["pid"] in others | {mine["pid"]} and second["pid"] != python3["pid"]
