@@ -1,4 +1,4 @@
-"""What /proc says about a process: its PIDs in every PID namespace, and its command name.
+"""What /proc says about a process: its PIDs in every PID namespace, its command name, its owner.
 
 NVML lists GPU processes by host PID; inside a container a process knows itself by another. The
 NSpid line of /proc/<pid>/status gives both, so the kernel (recognising itself) and the server
@@ -29,5 +29,13 @@ def process_name(pid: int, proc: str = PROC) -> str | None:
     try:
         with open(os.path.join(proc, str(pid), "comm")) as fh:
             return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def owner(pid: int, proc: str = PROC) -> int | None:
+    """The user id a process runs as (the owner of its /proc entry), or None when it is gone."""
+    try:
+        return os.stat(os.path.join(proc, str(pid))).st_uid
     except OSError:
         return None

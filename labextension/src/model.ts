@@ -26,7 +26,8 @@ import {
   IKernelView,
   IPoolStandby,
   IPoolStatus,
-  ISnapshot
+  ISnapshot,
+  ISuspended
 } from './types';
 
 export const REPLAY_BANNER = 'Replay of a recorded trace — not live data';
@@ -65,6 +66,8 @@ export interface IProcessView {
   cullText: string | null;
   /** Worth a "Release cache" button: it holds cached memory, or is an idle holder. */
   canRelease: boolean;
+  /** Worth a "Suspend" button: the server can suspend kernels, and this one is not busy. */
+  canSuspend: boolean;
   /** On a GPU with a recent out-of-memory error: the kernel that failed, or a holder there. */
   oom: 'failing' | 'holder' | null;
 }
@@ -78,6 +81,16 @@ export interface IOomView {
   text: string;
   /** "torch asked for 2.00 GiB. Held here, largest first: a.ipynb 60.0 GiB (idle holder, idle 2 h 01 min), …". */
   detail: string;
+}
+
+/** A kernel suspended from a GPU, in words. */
+export interface ISuspendedView {
+  kernelId: string;
+  /** "train.ipynb". */
+  label: string;
+  /** "suspended: 60.0 GiB in host memory since 14:02". */
+  text: string;
+  description: string;
 }
 
 export interface IDeviceView {
@@ -111,6 +124,8 @@ export interface IDeviceView {
   idleHeldText: string | null;
   /** The last out-of-memory error here (within the server's 5 minutes), or null. */
   oom: IOomView | null;
+  /** The kernels suspended from this GPU (not among `processes`: NVML no longer lists them). */
+  suspended: ISuspendedView[];
 }
 
 export interface IReplayView {
@@ -198,6 +213,36 @@ export function allocatorText(kernel: IKernelRef | undefined): string | null {
 export interface IProcessContext {
   /** The kernel whose out-of-memory error is recent on this GPU; undefined: none. */
   oomKernel?: string | null;
+  /** The server can suspend kernels (its snapshot's `suspend.available`). */
+  suspend?: boolean;
+}
+
+/** How a suspended notebook is named everywhere: "suspended: 60.0 GiB in host memory since 14:02". */
+export function suspendedText(bytes: number | null | undefined, since: number | null | undefined): string {
+  const when = num(since) !== null ? ` since ${formatClock(since! * 1000, false)}` : '';
+  return `suspended: ${formatBytes(bytes)} in host memory${when}`;
+}
+
+/**
+ * Whether the notebook section offers Suspend (the server can, the kernel is idle and holds GPU
+ * memory) or Resume (the server lists it as suspended, or the kernel says it is).
+ */
+export function notebookOffer(
+  snapshot: ISnapshot | null,
+  view: IKernelView | null,
+  kernelId: string,
+  status: string | null
+): { suspendable: boolean; suspended: boolean } {
+  const state = view?.suspend?.state;
+  const suspended = !!suspendedKernel(snapshot, kernelId) || state === 'suspended' || state === 'suspending';
+  const holds = (snapshot?.devices ?? []).some(d => (d.processes ?? []).some(p => p.kernel?.id === kernelId));
+  return { suspendable: !!snapshot?.suspend?.available && status === 'idle' && holds, suspended };
+}
+
+/** The server's entry for a suspended kernel, or null when it is not suspended. */
+export function suspendedKernel(snapshot: ISnapshot | null | undefined, kernelId: string | null): ISuspended | null {
+  const all = Array.isArray(snapshot?.suspended) ? snapshot!.suspended : [];
+  return (kernelId && all.find(s => s && s.kernel_id === kernelId)) || null;
 }
 
 export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): IProcessView {
@@ -215,6 +260,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
     cullWarning: false,
     cullText: null,
     canRelease: false,
+    canSuspend: false,
     oom: context.oomKernel !== undefined ? ('holder' as const) : null
   };
   if (p.standby) {
@@ -264,6 +310,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
       cullWarning,
       cullText,
       canRelease: idleHolder || (cached !== null && cached > 0),
+      canSuspend: !!context.suspend && state !== 'busy' && state !== 'dead',
       oom: context.oomKernel === undefined ? null : context.oomKernel === kernel.id ? 'failing' : 'holder'
     };
   }
@@ -326,12 +373,12 @@ function topProcess(processes: IGpuProcess[]): IGpuProcess | null {
   return ranked[0] ?? null;
 }
 
-export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90)): IDeviceView {
+export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90), suspend = false): IDeviceView {
   const smi = typeof d.nvml_index === 'number' ? `nvidia-smi ${d.nvml_index}` : '';
   const fraction = memoryFraction(d.memory_used, d.memory_total);
   const processes = d.processes ?? [];
   const top = topProcess(processes);
-  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null } : {};
+  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null, suspend } : { suspend };
   const views = (d.oom ? byMemory(processes) : processes).map(p => describeProcess(p, context));
   const idleHeld = num(d.idle_held);
   return {
@@ -360,7 +407,19 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90)): IDevic
     processes: views,
     top: top ? describeProcess(top, context) : null,
     idleHeldText: idleHeld !== null && idleHeld > 0 ? formatBytes(idleHeld) : null,
-    oom: describeOom(d, views)
+    oom: describeOom(d, views),
+    suspended: (Array.isArray(d.suspended) ? d.suspended : [])
+      .filter(e => e && e.kernel && typeof e.kernel.id === 'string')
+      .map(e => {
+        const label = kernelLabel(e.kernel);
+        const text = suspendedText(e.bytes, e.since);
+        return {
+          kernelId: e.kernel.id,
+          label,
+          text,
+          description: `${label} is ${text} (from cuda:${d.ordinal}); it resumes on its next cell, or with Resume`
+        };
+      })
   };
 }
 
@@ -372,7 +431,8 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
         recorded: snapshot.replay.recorded ?? ''
       }
     : null;
-  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt));
+  const suspend = !!snapshot.suspend?.available;
+  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt, suspend));
   let noGpu: string | null = null;
   if (!snapshot.gpu || devices.length === 0) {
     noGpu = snapshot.reason || 'The server sees no GPU.';
@@ -469,13 +529,19 @@ export function reclaimedLines(holders: IHolders | null | undefined): string[] {
   const events: [number, string][] = [];
   for (const e of (Array.isArray(holders?.released) ? holders!.released : []).filter(Boolean)) {
     const b = bytes(e);
+    if (e.action === 'suspend') {
+      const moved = b !== null ? `, moving ${formatBytes(b)} to host memory` : '';
+      events.push([num(e.time) ?? 0, `${when(e)}Suspended idle ${name(e)} (the GPU ran short)${moved}`]);
+      continue;
+    }
     const what = b !== null ? `${formatBytes(b)} of cached memory` : 'cached memory';
     events.push([num(e.time) ?? 0, `${when(e)}Released ${what} from ${name(e)}`]);
   }
   for (const e of (Array.isArray(holders?.culled) ? holders!.culled : []).filter(Boolean)) {
     const b = bytes(e);
     const freed = b !== null ? `, freeing ${formatBytes(b)}` : '';
-    events.push([num(e.time) ?? 0, `${when(e)}Shut down idle ${name(e)}${freed}`]);
+    const verb = e.action === 'suspend' ? 'Suspended' : 'Shut down';
+    events.push([num(e.time) ?? 0, `${when(e)}${verb} idle ${name(e)}${freed}`]);
   }
   return events.sort((a, b) => b[0] - a[0]).map(([, text]) => text);
 }
@@ -527,7 +593,7 @@ export function kernelGpu(snapshot: ISnapshot, kernelId: string | null, view: IK
 }
 
 /** What the status bar knows about the active notebook. */
-export type StatusState = 'waiting' | 'no-kernel' | 'no-gpu' | 'unknown' | 'none' | 'gpu';
+export type StatusState = 'waiting' | 'no-kernel' | 'no-gpu' | 'unknown' | 'none' | 'gpu' | 'suspended';
 
 export interface IStatusInput {
   snapshot: ISnapshot | null;
@@ -585,6 +651,16 @@ export function statusView(input: IStatusInput): IStatusView {
   }
   if (!snapshot.gpu || (snapshot.devices ?? []).length === 0) {
     return make('no-gpu', 'GPU –', `No GPU: ${snapshot.reason || 'the server sees none'}.`);
+  }
+  const suspended = suspendedKernel(snapshot, kernelId);
+  if (suspended) {
+    const ordinals = Object.keys(suspended.moved ?? {}).sort();
+    const text = suspendedText(suspended.moved_total, suspended.since);
+    return make(
+      'suspended',
+      `GPU${ordinals[0] ?? ''} suspended`,
+      `This notebook is ${text}; it resumes on its next cell (or with Resume in the GPU panel).`
+    );
   }
   const used = kernelGpu(snapshot, kernelId, view);
   if (!used) {
@@ -648,6 +724,17 @@ export function kernelRows(view: IKernelView | null): IKernelRow[] {
     rows.push({
       label: `cuda:${m.ordinal}${m.framework ? ` ${m.framework}` : ''}`,
       value: `${formatBytes(m.allocated)} allocated, ${formatBytes(m.reserved)} reserved, ${formatBytes(m.peak)} peak`
+    });
+  }
+  const suspend = view.suspend;
+  if (suspend && suspend.state && suspend.state !== 'running') {
+    const moved = Object.values(suspend.moved ?? {}).reduce((a, b) => a + (num(b) ?? 0), 0);
+    const value =
+      suspend.state === 'suspended' ? `${suspendedText(moved, suspend.since)}; it resumes on its next cell` : suspend.state;
+    rows.push({
+      label: 'GPU memory',
+      value,
+      ...(suspend.error ? { detail: `The last resume failed: ${suspend.error}` } : {})
     });
   }
   const warmup = warmupSummary(view);

@@ -12,7 +12,7 @@ import { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { actionWording, IKernelActionSpec, KERNEL_ACTIONS } from './actions';
+import { actionWording, IOfferContext, KERNEL_ACTIONS, offered } from './actions';
 import { HistoryChart } from './chart';
 import { IActionRequest, IHealth, INotebookRef } from './controller';
 import { formatClock, formatPercent, formatSpan } from './format';
@@ -24,7 +24,9 @@ import {
   IPanelView,
   IProcessView,
   IReserveView,
+  ISuspendedView,
   kernelRows,
+  notebookOffer,
   OUTAGE_TEXT,
   panelView,
   REPLAY_BANNER,
@@ -114,6 +116,9 @@ interface ICard {
   power: HTMLElement;
   processes: HTMLElement;
   processKey: string;
+  suspendedHeading: HTMLElement;
+  suspended: HTMLElement;
+  suspendedKey: string;
 }
 
 interface IRow {
@@ -123,11 +128,6 @@ interface IRow {
   mem: IMeter;
   top: HTMLElement;
   oom: HTMLElement;
-}
-
-/** Which of the table's actions a row offers. */
-function offered(spec: IKernelActionSpec, holder: boolean | null): boolean {
-  return holder === null || !spec.onlyForHolders || holder;
 }
 
 export class GpuPanel extends Widget {
@@ -275,9 +275,15 @@ export class GpuPanel extends Widget {
   setSnapshot(snapshot: ISnapshot): void {
     this._snapshot = snapshot;
     this._render(panelView(snapshot, warnFraction(this._settings.memoryWarningPercent)));
+    // Whether Suspend or Resume applies in the notebook section follows the server's word.
+    if (this._notebookInfo?.kernelId) {
+      this._setActions(this._notebookInfo.kernelId, this._notebookInfo.name, this._notebookInfo.kernelStatus);
+    }
   }
 
   setNotebook(info: INotebookRef | null, view: IKernelView | null): void {
+    this._notebookInfo = info;
+    this._notebookView = view;
     if (!info) {
       setText(this._notebookName, 'No notebook is active.');
       this._notebookName.removeAttribute('title');
@@ -425,10 +431,13 @@ export class GpuPanel extends Widget {
   }
 
   private _setActions(kernelId: string | null, label: string, status: string | null): void {
-    const key = `${kernelId}|${label}`;
+    const offer: IOfferContext | null = kernelId
+      ? { holder: null, ...notebookOffer(this._snapshot, this._notebookView, kernelId, status) }
+      : null;
+    const key = `${kernelId}|${label}|${offer?.suspendable}|${offer?.suspended}`;
     if (key !== this._actionsKey) {
       this._actionsKey = key;
-      this._notebookActions.replaceChildren(...(kernelId ? this._actionButtons(kernelId, label, null) : []));
+      this._notebookActions.replaceChildren(...(kernelId && offer ? this._actionButtons(kernelId, label, offer) : []));
     }
     // Nothing to interrupt while the kernel is idle is still allowed: interrupt is harmless.
     const dead = status === 'dead' || status === 'unknown';
@@ -437,9 +446,9 @@ export class GpuPanel extends Widget {
     });
   }
 
-  /** `holder`: null for every action (the notebook section), else whether "Release cache" applies. */
-  private _actionButtons(kernelId: string, label: string, holder: boolean | null): HTMLButtonElement[] {
-    return KERNEL_ACTIONS.filter(spec => offered(spec, holder)).map(({ action, verb }) => {
+  /** The table's buttons for one kernel, as far as `offer` says they apply (actions.ts, `offered`). */
+  private _actionButtons(kernelId: string, label: string, offer: IOfferContext): HTMLButtonElement[] {
+    return KERNEL_ACTIONS.filter(spec => offered(spec, offer)).map(({ action, verb }) => {
       const button = el('button', `jp-gpuctx-button jp-gpuctx-button-${action}`, verb);
       button.type = 'button';
       button.dataset.action = action;
@@ -513,7 +522,24 @@ export class GpuPanel extends Widget {
     );
     const procHeading = el('h4', 'jp-gpuctx-processes-heading', 'Processes');
     const processes = el('ul', 'jp-gpuctx-processes');
-    root.append(title, subtitle, error, oom, util.root, mem.root, chart.node, facts, procHeading, processes);
+    // Notebooks suspended from this GPU: NVML no longer lists them, so they have a list of their own.
+    const suspendedHeading = el('h4', 'jp-gpuctx-processes-heading', 'Suspended (in host memory)');
+    const suspended = el('ul', 'jp-gpuctx-suspended');
+    suspendedHeading.hidden = suspended.hidden = true;
+    root.append(
+      title,
+      subtitle,
+      error,
+      oom,
+      util.root,
+      mem.root,
+      chart.node,
+      facts,
+      procHeading,
+      processes,
+      suspendedHeading,
+      suspended
+    );
     return {
       root,
       title,
@@ -530,7 +556,10 @@ export class GpuPanel extends Widget {
       temperature,
       power,
       processes,
-      processKey: ''
+      processKey: '',
+      suspendedHeading,
+      suspended,
+      suspendedKey: ''
     };
   }
 
@@ -577,7 +606,7 @@ export class GpuPanel extends Widget {
       `Utilisation (solid) and memory (dashed) of ${d.shortName} over the last ${formatSpan(span)}`
     );
     // Rebuilt only when who is listed, their order, or their buttons change.
-    const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}`).join('|');
+    const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}:${p.canSuspend}`).join('|');
     if (key !== card.processKey) {
       card.processKey = key;
       card.processes.replaceChildren(
@@ -591,6 +620,27 @@ export class GpuPanel extends Widget {
         this._updateProcessItem(item, p);
       }
     });
+    const suspendedKey = JSON.stringify(d.suspended);
+    if (suspendedKey !== card.suspendedKey) {
+      card.suspendedKey = suspendedKey;
+      card.suspendedHeading.hidden = card.suspended.hidden = d.suspended.length === 0;
+      card.suspended.replaceChildren(...d.suspended.map(s => this._suspendedItem(s)));
+    }
+  }
+
+  private _suspendedItem(s: ISuspendedView): HTMLElement {
+    const item = el('li', 'jp-gpuctx-process jp-gpuctx-suspended-item');
+    item.dataset.kernelId = s.kernelId;
+    item.title = s.description;
+    const line = el('div', 'jp-gpuctx-process-line');
+    line.append(
+      el('span', 'jp-gpuctx-process-label', s.label),
+      el('span', 'jp-gpuctx-badge jp-gpuctx-badge-suspended', s.text)
+    );
+    const actions = el('div', 'jp-gpuctx-actions');
+    actions.append(...this._actionButtons(s.kernelId, s.label, { holder: false, suspendable: false, suspended: true }));
+    item.append(line, actions);
+    return item;
   }
 
   private _processItem(p: IProcessView): HTMLElement {
@@ -618,7 +668,9 @@ export class GpuPanel extends Widget {
     item.append(line, facts);
     if (p.kernelId) {
       const actions = el('div', 'jp-gpuctx-actions');
-      actions.append(...this._actionButtons(p.kernelId, p.label, p.canRelease));
+      actions.append(
+        ...this._actionButtons(p.kernelId, p.label, { holder: p.canRelease, suspendable: p.canSuspend, suspended: false })
+      );
       item.appendChild(actions);
     }
     this._updateProcessItem(item, p);
@@ -710,7 +762,8 @@ export class GpuPanel extends Widget {
             .filter(Boolean)
             .join(' · ') + (d.processes.length > 1 ? ` (+${d.processes.length - 1})` : '')
         : 'no processes';
-    setText(row.top, top);
+    const away = d.suspended.length ? ` · ${d.suspended.map(x => `${x.label} ${x.text}`).join('; ')}` : '';
+    setText(row.top, top + away);
     row.top.title = t ? t.description : '';
     row.top.classList.toggle('jp-gpuctx-idle-holder', !d.error && !!t?.idleHolder);
     row.top.classList.toggle('jp-gpuctx-cull-warning', !d.error && !!t?.cullWarning);
@@ -740,6 +793,8 @@ export class GpuPanel extends Widget {
   private _rowsKey = '';
   private _notebookActions: HTMLElement;
   private _actionsKey = '';
+  private _notebookInfo: INotebookRef | null = null;
+  private _notebookView: IKernelView | null = null;
   private _devices: HTMLElement;
   private _cardsNode: HTMLElement;
   private _compactNode: HTMLElement;
