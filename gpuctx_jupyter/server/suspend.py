@@ -173,10 +173,6 @@ class SuspendManager:
 
     # -- feature detection --------------------------------------------------------------------------
     @property
-    def known_support(self) -> Support | None:
-        return self._support
-
-    @property
     def offered(self) -> bool:
         """The driver has answered that it can suspend kernels here."""
         return bool(self._support and self._support.available)
@@ -206,13 +202,18 @@ class SuspendManager:
             raise Refused(404, f"no kernel {kernel_id!r} on this server (GET /api/kernels lists them)")
         return km.get_kernel(kernel_id)
 
-    async def suspend(self, kernel_id: str, by: str = "api") -> dict:
+    async def _target(self, kernel_id: str) -> tuple[object, int, Suspended | None]:
+        """The kernel, its process on this machine and its suspend record — or the refusal (an
+        unknown kernel, a standby, suspend unavailable here, its process ended or not ours)."""
         kernel = self._known(kernel_id)
         support = await self.support()
         if not support.available:
             raise Refused(409, f"suspend is not available on this server: {support.reason}")
         local = await self._local_pid(kernel)
-        record = self.suspended.get(kernel_id)
+        return kernel, local, self.suspended.get(kernel_id)
+
+    async def suspend(self, kernel_id: str, by: str = "api") -> dict:
+        kernel, local, record = await self._target(kernel_id)
         if record is not None and record.local_pid == local:
             raise Refused(409, f"it is {record.text()}: it resumes on its next cell, or with POST …/resume")
         if getattr(kernel, "execution_state", None) == "busy":
@@ -326,12 +327,7 @@ class SuspendManager:
         return paths, getattr(kernel, "kernel_name", "")
 
     async def resume(self, kernel_id: str, by: str = "api") -> dict:
-        kernel = self._known(kernel_id)
-        support = await self.support()
-        if not support.available:
-            raise Refused(409, f"suspend is not available on this server: {support.reason}")
-        local = await self._local_pid(kernel)
-        record = self.suspended.get(kernel_id)
+        kernel, local, record = await self._target(kernel_id)
         if record is not None and record.local_pid != local:  # restarted since: nothing of it is left
             self.suspended.pop(kernel_id, None)
             record = None
