@@ -287,6 +287,21 @@ class GpuctxServer(Configurable):
         XLA_PYTHON_CLIENT_ALLOCATOR; `%gpu doctor` says which applies. True: JAX's default.""",
     ).tag(config=True)
 
+    jax_compilation_cache = Unicode(
+        "",
+        help="""JAX's persistent compilation cache for kernels this server starts: XLA keeps what it
+        compiled on disk, so a notebook's jit cells compile in a fraction of the time when it runs
+        again (after a restart, another day). Empty (default): a folder of the user's cache
+        ($XDG_CACHE_HOME or ~/.cache)/gpuctx/jax; a path: that folder; "off": no cache. A kernel
+        whose environment sets JAX_COMPILATION_CACHE_DIR keeps it.""",
+    ).tag(config=True)
+
+    jax_compilation_cache_max_gib = Float(
+        4.0,
+        help="""The largest the JAX compilation cache may grow, in GiB (JAX evicts the least recently
+        used entries beyond it). 0: no bound.""",
+    ).tag(config=True)
+
     cull_idle_gpu_kernels_after = Float(
         0.0,
         help="""Shut down kernels that hold GPU memory and have had no user activity for this many
