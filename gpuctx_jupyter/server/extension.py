@@ -15,6 +15,7 @@ from . import jupyter_internals
 from .actions import KernelActions
 from .config import GpuctxServer
 from .handlers import setup_handlers
+from .history import install as install_history
 from .holders import install as install_holders
 from .kernel_hook import KernelHook
 from .pool import KernelPool
@@ -61,6 +62,8 @@ def load(serverapp) -> None:
     # Who holds the GPU: the holders file kernels read when they run out of memory, idle holders in
     # the snapshot, the release route, automatic release under memory pressure, opt-in culling.
     install_holders(serverapp)
+    # The last hour of every GPU for pages that connect, the dashboard's link throughput, host usage.
+    install_history(serverapp, cfg.history_seconds)
     serverapp.log.info(
         "gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
         ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,

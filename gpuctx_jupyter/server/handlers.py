@@ -30,6 +30,7 @@ from ..core.sampler import Sample, process_sampler
 from . import kernel_query, metrics, snapshot
 from .actions import Busy, KernelActions
 from .config import GpuctxServer
+from .history import HistoryHandler
 from .kernel_client import kernel_pid
 
 AUTH_RESOURCE = "gpuctx"  # the GPU view; per-kernel routes use jupyter_server's "kernels"
@@ -49,6 +50,7 @@ class GpuApi:
         self.reported: dict[str, tuple[int | None, int]] = {}  # kernel id -> (local pid, own pid)
         self._message: tuple[Sample | None, str] = (None, "")
         self._logged: set[str] = set()  # errors already logged (each once)
+        self.history = None  # the GPU history (history.install), sent to each stream client first
 
     def log_once(self, what: str, exc: Exception) -> str:
         """`what failed: Type: message`, logged the first time it happens (not at every tick)."""
@@ -216,12 +218,16 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if interval != asked:
             bound = "min_interval" if interval > asked else "max_interval"
             hello["note"] = f"interval {asked:g} s is out of range: clamped to the server's {bound}, {interval:g} s"
+        if self.api.history is not None:  # ?history=<seconds>: what the first message will hold
+            hello["history"] = self.api.history.asked(self)
         return hello
 
     def open(self, *args, **kwargs):
         super().open()  # starts the keep-alive pings
         self.loop = IOLoop.current()
         self.write_message(json.dumps(self.hello))
+        if self.api.history is not None:  # the last minutes at once, before the first snapshot
+            self.api.history.connect(self)
         self.subscription = self.api.sampler.subscribe(self._on_sample, self.hello["interval"])
 
     def _on_sample(self, sample: Sample) -> None:
@@ -265,6 +271,7 @@ def setup_handlers(web_app, serverapp, cfg: GpuctxServer, replay=None, hook=None
     routes = [
         ("devices", DevicesHandler),
         ("stream", StreamHandler),
+        ("history", HistoryHandler),
         (rf"kernels/{kernel}", KernelHandler),
         (rf"kernels/{kernel}/(?P<action>[^/]+)", KernelActionHandler),
     ]
