@@ -95,14 +95,15 @@ class LinkReader:
                                      for u, r in self.latest.items()}, self.interval)
 
     def annotate(self, snap: dict) -> None:
-        """While a dashboard is open: each GPU's latest rates (`links`), and `links_status`."""
+        """While a dashboard is open: each GPU's latest rates and when they were read (`links`),
+        and `links_status` (the reading interval, and why there are no figures)."""
         if not self._clients:
             return
         fresh = self.latest_t is not None and self.clock() - self.latest_t <= 3 * self.interval
         for device in snap.get("devices", ()):
             figures = self.latest.get(device.get("uuid")) if fresh else None
             if figures is not None:
-                device["links"] = figures
+                device["links"] = {**figures, "time": self.latest_t}
         snap["links_status"] = {"interval": self.interval, "reason": self.reason}
 
     def start(self) -> None:
