@@ -122,6 +122,8 @@ export interface IAxisSpec {
   format: (value: number) => string;
   /** Where it is labelled, from its current range. */
   splits?: (max: number) => number[];
+  /** The label at 0, where the unit would only crowd the axis ("0" rather than "0 MiB"). */
+  zero?: string;
 }
 
 export interface ITimeChartSpec {
@@ -361,7 +363,7 @@ export class TimeChart {
           size: a.size,
           grid: i === 0 ? { stroke: gridColor, width: 1 } : { show: false },
           splits: () => (a.splits ?? thirds)(this._range(a.scale)[1]),
-          values: (_: uPlot, splits: number[]) => splits.map(v => (v === 0 ? '0' : a.format(v)))
+          values: (_: uPlot, splits: number[]) => splits.map(v => (v === 0 && a.zero !== undefined ? a.zero : a.format(v)))
         }))
       ],
       hooks: {
@@ -456,7 +458,7 @@ export const PANEL_CHART: ITimeChartSpec = {
   ],
   axes: [
     { scale: 'pct', side: 'left', size: 34, format: formatPercent, splits: () => [0, 50, 100] },
-    { scale: 'mem', side: 'right', size: 50, format: formatBytes }
+    { scale: 'mem', side: 'right', size: 50, format: formatBytes, zero: '0' }
   ]
 };
 

@@ -191,7 +191,7 @@ interface IGpuSection {
 
 const axes = {
   pct: { scale: 'pct', side: 'left' as const, size: 40, format: formatPercent, splits: () => [0, 25, 50, 75, 100] },
-  mem: (side: 'left' | 'right') => ({ scale: 'mem', side, size: 60, format: formatBytes, splits: thirds })
+  mem: (side: 'left' | 'right') => ({ scale: 'mem', side, size: 60, format: formatBytes, splits: thirds, zero: '0' })
 };
 
 export class GpuDashboard extends Widget {
@@ -420,7 +420,11 @@ export class GpuDashboard extends Widget {
     );
     const links = titledChart(
       'PCIe and NVLink',
-      new TimeChart({ series: linksChart([], 0).series, axes: [{ scale: 'rate', side: 'left', size: 70, format: formatRate }], height })
+      new TimeChart({
+        series: linksChart([], 0).series,
+        axes: [{ scale: 'rate', side: 'left', size: 70, format: formatRate, zero: '0' }],
+        height
+      })
     );
     grid.append(util.root, memory.root, thermal.root, links.root);
     root.append(title, facts, grid);

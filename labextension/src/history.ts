@@ -56,10 +56,18 @@ export class Timeline<T extends ITimed> {
     keep: number,
     private _gap: (t: number) => T
   ) {
-    this.keep = keep;
+    this._keep = keep;
   }
 
-  keep: number;
+  /** Seconds kept behind the newest point. */
+  get keep(): number {
+    return this._keep;
+  }
+
+  set keep(seconds: number) {
+    this._keep = seconds;
+    this._trim();
+  }
 
   get points(): readonly T[] {
     return this._points;
@@ -139,7 +147,7 @@ export class Timeline<T extends ITimed> {
       return;
     }
     let drop = 0;
-    while (drop < this._points.length && this._points[drop].t < newest - this.keep) {
+    while (drop < this._points.length && this._points[drop].t < newest - this._keep) {
       drop++;
     }
     if (drop > 0) {
@@ -147,6 +155,7 @@ export class Timeline<T extends ITimed> {
     }
   }
 
+  private _keep: number;
   private _points: T[] = [];
 }
 

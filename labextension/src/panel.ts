@@ -520,7 +520,10 @@ export class GpuPanel extends Widget {
 
   private _renderCards(devices: IDeviceView[]): void {
     syncKeyed(this._cardsNode, this._cards, devices, key => this._createCard(key), (card, d) => this._updateCard(card, d),
-      card => card.chart.dispose());
+      card => {
+        card.chart.dispose();
+        card.root.remove();
+      });
   }
 
   private _createCard(key: string): ICard {
