@@ -199,8 +199,19 @@ export class TimeChart {
     }
     this._data = data;
     this._span = Math.max(1, spanSeconds);
+    // What a browser test reads: how many points, how far back, and where nothing was sampled
+    // (each gap as the times of the samples on either side, seconds since the epoch).
     this.node.dataset.gpuctxPoints = String(data.x.length);
-    this.node.dataset.gpuctxGaps = String(data.x.filter((_, i) => data.y.every(y => y[i] === null)).length);
+    const at = (i: number) => (data.newest ?? 0) + data.x[i];
+    const gaps = data.x.map((_, i) => i).filter(i => data.y.every(y => y[i] === null));
+    this.node.dataset.gpuctxGaps = String(gaps.length);
+    this.node.dataset.gpuctxGapSpans = JSON.stringify(
+      gaps.filter(i => i > 0 && i < data.x.length - 1).map(i => [at(i - 1), at(i + 1)])
+    );
+    if (data.x.length) {
+      this.node.dataset.gpuctxFrom = String(at(0));
+      this.node.dataset.gpuctxNewest = String(data.newest);
+    }
     this._plot.setAttribute('aria-label', label);
     if (this._uplot) {
       this._uplot.setData(this._aligned());
