@@ -380,9 +380,8 @@ def test_the_composed_eight_gpu_trace_is_what_compose_trace_makes():
         "regenerate it: compose_trace(TRACE, 8, 60) in tests/harness/traces.py"
 
 
-def test_eight_gpus_fit_at_1280x720_as_labelled_compact_rows_under_a_header_that_stays(lab8, page, browser):
-    page.close()  # the first lab's page, whose server outage came before: this test's errors only
-    browser.errors.clear()
+def test_eight_gpus_fit_at_1280x720_as_labelled_compact_rows_under_a_header_that_stays(lab8, browser):
+    browser.errors.clear()  # the first lab's outage came before: this test's errors only
     page = browser.page()
     try:
         page.set_viewport_size({"width": 1280, "height": 720})

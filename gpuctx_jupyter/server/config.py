@@ -100,8 +100,8 @@ class GpuctxServer(Configurable):
         help="""Seconds of GPU history the server keeps for the GPU panel and dashboard (utilisation,
         memory and each notebook's share, temperature, power, link throughput, host CPU and
         memory), sent to a page when it connects so that a reload shows the last minutes at once.
-        Full resolution for the last ten minutes, 10 s steps beyond; about 64 KiB per GPU for an
-        hour. It keeps what the server samples for its viewers: time when no page watched is a
+        Full resolution for the last ten minutes, 10 s steps beyond; about 80 KiB of arrays per
+        GPU for an hour. It keeps what the server samples for its viewers: time when no page watched is a
         gap. 0: no history.""",
     ).tag(config=True)
 

@@ -9,7 +9,8 @@ drawn as a gap.
 
 Bounded: per series the last FINE_ROWS rows at full resolution, then COARSE_STEP_S buckets (the
 mean; memory at its maximum within the bucket) back to `seconds`, in fixed-size arrays of floats
-(an hour of 8 GPUs: ~0.5 MiB, measured by benchmarks/ws_load.py and tested in test_history.py).
+(an hour of 8 GPUs: 630 KiB of arrays, 1.7 MiB in all with three notebooks each; measured by
+benchmarks/ws_load.py, bounded by tests/test_history.py).
 """
 from __future__ import annotations
 

@@ -37,9 +37,10 @@ class LinkReader:
     """Reads the link counters every `interval` s while a client wants them; `annotate` puts the
     latest rates into the snapshot, and each reading goes into the history."""
 
-    def __init__(self, history, read: Callable[[], list[nvml.LinkCounters]] = nvml.read_link_counters,
+    def __init__(self, history, read: Callable[[], list[nvml.LinkCounters]] | None = None,
                  interval: float = INTERVAL_S, replay: bool = False, log=None, clock=time.time):
-        self.history, self._read, self.interval, self.log, self.clock = history, read, interval, log, clock
+        self.history, self.interval, self.log, self.clock = history, interval, log, clock
+        self._read = read or (lambda: nvml.read_link_counters())
         self.replay = replay
         self._clients: weakref.WeakSet = weakref.WeakSet()
         self._previous: dict[str, nvml.LinkCounters] = {}

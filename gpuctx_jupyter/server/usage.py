@@ -42,6 +42,8 @@ class ProcessTrees:
                 seen.add(proc.pid)
                 try:
                     with proc.oneshot():
+                        if proc.status() == psutil.STATUS_ZOMBIE:  # exited, not yet reaped: holds nothing
+                            continue
                         memory += proc.memory_info().rss
                         cpu += proc.cpu_percent(None)
                     count += 1

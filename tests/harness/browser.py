@@ -209,6 +209,14 @@ def shoot(page, panel, path: Path) -> None:
                                           "height": min(box["height"], bottom - box["y"] + 12)})
 
 
+def decline_news(page) -> None:
+    """Answer JupyterLab's own "notified about official Jupyter news?" toast, if it is up."""
+    toast = page.locator(".Toastify__toast", has_text="Jupyter news")
+    if toast.count():
+        toast.locator("button", has_text="No").click()
+        toast.wait_for(state="detached")
+
+
 def open_panel(page):
     """The GPU panel, opened from its sidebar tab unless the restored layout already shows it."""
     # JupyterLab's first load from a fresh server is slow when loaded; a reload restores the layout
