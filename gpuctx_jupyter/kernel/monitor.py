@@ -140,7 +140,7 @@ def meters_html(v: dict) -> str:
     memory = f"{gib(v['memory_used'])} / {gib(total)}" if total else gib(v["memory_used"])
     fraction = (v["memory_used"] or 0) / total if total else None
     util = None if v["utilization"] is None else v["utilization"] / 100
-    return ("<div style='min-width:14em;flex:1 1 14em'>"
+    return ("<div style='min-width:14em;max-width:32em;flex:1 1 14em'>"
             + meter("Utilisation", util, pct(v["utilization"]), f"utilisation of {v['name']}", util_color)
             + meter("Memory", fraction, memory, f"memory of {v['name']}", mem_color)
             + "</div>")
