@@ -14,10 +14,10 @@ import { Widget } from '@lumino/widgets';
 
 import { ISeriesSpec, thirds, TimeChart } from './chart';
 import { IHealth } from './controller';
-import { formatBytes, formatPercent, formatRate, formatSpan, formatTemperature, MIB } from './format';
+import { formatBytes, formatPercent, formatPower, formatRate, formatSpan, formatTemperature, MIB } from './format';
 import { DeviceHistory, gapAfter, IHistoryPoint, IHostPoint, ILinkPoint } from './history';
 import { describeDevice, IDeviceView } from './model';
-import { createStateLine, syncKeyed, updateStateLine } from './panel';
+import { createStateLine, el, syncKeyed, updateStateLine } from './panel';
 import { MemoryScale } from './settings';
 import { deviceKey, ISnapshot } from './types';
 
@@ -144,19 +144,9 @@ export function hostChart(points: IHostPoint[], newest: number): IChartInput {
   };
 }
 
+/** "534 W". */
 function watts(v: number | null): string {
-  return v === null ? '–' : `${Math.round(v)} W`;
-}
-
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
-  const node = document.createElement(tag);
-  if (cls) {
-    node.className = cls;
-  }
-  if (text !== undefined) {
-    node.textContent = text;
-  }
-  return node;
+  return formatPower(v, null);
 }
 
 let uid = 0;

@@ -37,7 +37,8 @@ import {
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
 import { IKernelView, ISnapshot, KernelAction } from './types';
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
+/** An element with a class and a text: the DOM here is built from these. */
+export function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (cls) {
     node.className = cls;
