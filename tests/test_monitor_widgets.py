@@ -20,6 +20,7 @@ from ipywidgets.widgets.widget import (
     _instances,  # ipywidgets 8's registry of open widgets
 )
 
+from gpuctx_jupyter.core import inventory
 from gpuctx_jupyter.core.sampler import Sampler, process_sampler
 from gpuctx_jupyter.core.trace import Replay
 from gpuctx_jupyter.kernel import render
@@ -172,7 +173,13 @@ def test_a_stopped_monitor_keeps_its_last_frame_and_says_stopped(nvml_records):
 def test_before_any_sample_and_without_a_gpu_it_says_so_and_never_claims_a_sample_stays_shown(nvml_records):
     nvml_records([])
     blocked = threading.Event()
-    mon = GpuMonitor(interval=0.05, sampler=Sampler(read=lambda: blocked.wait() or None))
+
+    def first_read_held():
+        blocked.wait(30)
+        return inventory.Inventory(nvml_error="held by the test")
+
+    sampler = Sampler(read=first_read_held)
+    mon = GpuMonitor(interval=0.05, sampler=sampler)
     try:
         assert text_of(mon.status.value) == "gpuctx monitor · no sample yet"
         mon.stop()
@@ -181,6 +188,7 @@ def test_before_any_sample_and_without_a_gpu_it_says_so_and_never_claims_a_sampl
     finally:
         blocked.set()
         mon.close()
+    wait_for(lambda: not sampler.running)  # the held read ends, and the thread with it
     mon = GpuMonitor(interval=0.05, sampler=Sampler())  # no GPU here: samples say so
     try:
         wait_for(lambda: "No GPU" in mon.status.value)
