@@ -13,14 +13,15 @@ the defaults (policy auto, the `notebook` recipe, the import-warm standby: its i
 read every notebook of the root, as a server that has seen them), and the defaults without the
 imports standby (GPUCTX_SERVER_IMPORT_STANDBYS=0: each kernel's own warm-up only). Before a play
 on the defaults the imports standby is ready (a refill after the last play; the wait is reported),
-as on a server up for a while. Each notebook of benchmarks/notebooks/ is opened through a session,
+as on a server up for a while, and no server's standby is starting while another plays (they share
+this machine's CPUs). Each notebook of benchmarks/notebooks/ is opened through a session,
 as JupyterLab opens one (so the kernel's JPY_SESSION_NAME names it), and its code cells are sent
 over the kernel websocket. Cases:
 
   cold      warming off; the cells one after another, as soon as the kernel is ready
   idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one
-  runall    defaults, and without the imports standby: every cell sent at once as soon as the
-            kernel is ready (Run All)
+  runall    warming off, the defaults, and without the imports standby: every cell sent at once
+            as soon as the kernel is ready (Run All)
   restart   off and on: the notebook is run (Run All), then — once the server's automatic warm
             reserve holds a GPU-ready standby for it, as it does a few seconds after a GPU
             notebook starts (the wait is reported) — restarted, then Run All at once; "restart →
@@ -151,6 +152,17 @@ class Session:
 
 def standbys(srv: Server) -> list[dict]:
     return (srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or []
+
+
+def settled(srv: Server, timeout: float = 300) -> None:
+    """Until no standby of the server is starting (three servers share this machine's CPUs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pool = srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}
+        starting = sum(k.get("starting", 0) for k in (pool.get("kernelspecs") or {}).values())
+        if not starting and not any(st.get("state") in ("booting", "paused") for st in pool.get("standbys", [])):
+            return
+        time.sleep(0.5)
 
 
 def imports_standby_ready(srv: Server, timeout: float = 300) -> float | None:
@@ -284,7 +296,7 @@ def main() -> None:
     on = Server(root, common, env=server_env).start()  # the defaults: policy auto, the notebook recipe, the imports standby
     nostd = Server(root, common, env={**server_env, "GPUCTX_SERVER_IMPORT_STANDBYS": "0"}).start()
     names_of = {id(off): "warming off", id(on): "warming on", id(nostd): "no imports standby"}
-    both = {"cpu": (off, on), "restart": (off, on), "runall": (on, nostd)}  # baseline and ours side by side
+    both = {"cpu": (off, on), "restart": (off, on), "runall": (off, on, nostd)}  # baselines and ours side by side
     plan = [(case, srv) for case in cases for srv in (both.get(case) or ((off,) if case == "cold" else (on,)))]
     startup = imports_standby_ready(on, timeout=600)  # the server has read the notebooks and imported them
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
@@ -302,6 +314,8 @@ def main() -> None:
                     break
                 for case, srv in plan:
                     key = case if case not in both else f"{case}, {names_of[id(srv)]}"
+                    for other in (off, on, nostd):  # no server's standby starts while this one plays
+                        settled(other)
                     runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)

@@ -95,6 +95,16 @@ class GpuctxServer(Configurable):
         clamped to this, so that a client always sees the stream is alive.""",
     ).tag(config=True)
 
+    history_seconds = Float(
+        3600.0,
+        help="""Seconds of GPU history the server keeps for the GPU panel and dashboard (utilisation,
+        memory and each notebook's share, temperature, power, link throughput, host CPU and
+        memory), sent to a page when it connects so that a reload shows the last minutes at once.
+        Full resolution for the last ten minutes, 10 s steps beyond; about 80 KiB of arrays per
+        GPU for an hour. It keeps what the server samples for its viewers: time when no page watched is a
+        gap. 0: no history.""",
+    ).tag(config=True)
+
     expose_gpus = List(
         Unicode(),
         help="""The GPUs that the server's GPU API, stream and /metrics show, as device specs
@@ -318,7 +328,7 @@ class GpuctxServer(Configurable):
     ).tag(config=True)
 
     @validate("idle_holder_seconds", "release_idle_seconds", "release_idle_after", "cull_idle_gpu_kernels_after",
-              "cull_warning_seconds", "release_timeout", "pool_reserve_after")
+              "cull_warning_seconds", "release_timeout", "pool_reserve_after", "history_seconds")
     def _seconds(self, proposal):
         value = proposal.value
         if not math.isfinite(value) or value < 0 or (proposal.trait.name == "release_timeout" and value == 0):

@@ -21,13 +21,14 @@ from .config import GpuctxServer
 
 class GpuApi:
     def __init__(self, serverapp, cfg: GpuctxServer, replay=None, launcher=None, pool=None, lifecycle=None,
-                 holders=None, pressure=None, culler=None):
+                 holders=None, pressure=None, culler=None, history=None):
         self.serverapp, self.cfg = serverapp, cfg
         self.sampler = process_sampler()
         self.replay = replay  # a trace.Replay: read from it, and label every snapshot
         self._read = replay.read if replay else inventory.take
         self.launcher, self.pool, self.lifecycle = launcher, pool, lifecycle
         self.holders, self.pressure, self.culler = holders, pressure, culler
+        self.history = history  # history.StreamHistory: sent to each stream client first (None: off)
         self.reported: dict[str, tuple[int | None, int]] = {}  # kernel id -> (local pid, own pid)
         self._message: tuple[Sample | None, str] = (None, "")
         self._logged: set[str] = set()  # errors already logged (each once)
@@ -81,6 +82,11 @@ class GpuApi:
         snap["pool"] = self.pool_status()
         if self.holders is not None:
             self._add_holders(snap)
+        if self.history is not None:
+            try:
+                self.history.annotate(snap, sample, self.sampler)
+            except Exception as exc:  # the snapshot stands without the extra fields
+                self.log_once("adding the GPU history to the snapshot", exc)
         return snap
 
     def _add_holders(self, snap: dict) -> None:

@@ -1,5 +1,5 @@
 """The GPU API's routes under <base_url>/gpuctx/api/, one module per resource: `devices` (the GPUs
-and who holds them), `stream` (the same pushed over a websocket), `kernels` (one kernel's view and
+and who holds them), `stream` (the same pushed over a websocket), `history` (the last hour), `kernels` (one kernel's view and
 the actions on it). Every route is authenticated and authorised by jupyter_server's own machinery."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from jupyter_server.utils import url_path_join
 
 from ..gpu_api import GpuApi
 from .devices import DevicesHandler
+from .history import HistoryHandler
 from .kernels import KernelActionHandler, KernelHandler
 from .stream import StreamHandler
 
@@ -14,6 +15,7 @@ KERNEL = r"(?P<kernel_id>[^/]+)"
 ROUTES = [
     ("devices", DevicesHandler),
     ("stream", StreamHandler),
+    ("history", HistoryHandler),
     (rf"kernels/{KERNEL}", KernelHandler),
     (rf"kernels/{KERNEL}/(?P<action>[^/]+)", KernelActionHandler),
 ]
