@@ -88,7 +88,9 @@ test: setup
 # The README's pictures, refreshed on purpose (make test writes them to build/screenshots/).
 screenshots: setup
 	GPUCTX_SCREENSHOTS="$(CURDIR)/docs/img" GPUCTX_REQUIRE_BROWSER=1 $(PY) -m pytest -n 2 --dist loadfile \
-	  tests/test_browser.py tests/test_browser_replay.py $(PYTEST_ARGS)
+	  tests/test_browser.py tests/test_browser_replay.py tests/test_browser_dashboard.py \
+	  "tests/test_browser_panel.py::test_eight_gpus_fit_at_1280x720_as_labelled_compact_rows_under_a_header_that_stays" \
+	  $(PYTEST_ARGS)
 
 lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" examples/tour.ipynb $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)

@@ -8,14 +8,20 @@
 limit); `--merge` pools the runs of earlier results (other machines of the same kind, or GPUs of
 one machine run side by side with CUDA_VISIBLE_DEVICES) and prints medians over all of them.
 
-Two servers: warming off (`--GpuctxServer.warm_policy=never`) and the defaults (policy auto, the
-`notebook` recipe). Each notebook of benchmarks/notebooks/ is opened through a session, as
-JupyterLab opens one (so the kernel's JPY_SESSION_NAME names it), and its code cells are sent
+Three servers on one root holding every notebook: warming off (`--GpuctxServer.warm_policy=never`),
+the defaults (policy auto, the `notebook` recipe, the import-warm standby: its import profile has
+read every notebook of the root, as a server that has seen them), and the defaults without the
+imports standby (GPUCTX_SERVER_IMPORT_STANDBYS=0: each kernel's own warm-up only). Before a play
+on the defaults the imports standby is ready (a refill after the last play; the wait is reported),
+as on a server up for a while, and no server's standby is starting while another plays (they share
+this machine's CPUs). Each notebook of benchmarks/notebooks/ is opened through a session,
+as JupyterLab opens one (so the kernel's JPY_SESSION_NAME names it), and its code cells are sent
 over the kernel websocket. Cases:
 
   cold      warming off; the cells one after another, as soon as the kernel is ready
   idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one
-  runall    defaults; every cell sent at once as soon as the kernel is ready (Run All)
+  runall    warming off, the defaults, and without the imports standby: every cell sent at once
+            as soon as the kernel is ready (Run All)
   restart   off and on: the notebook is run (Run All), then — once the server's automatic warm
             reserve holds a GPU-ready standby for it, as it does a few seconds after a GPU
             notebook starts (the wait is reported) — restarted, then Run All at once; "restart →
@@ -51,6 +57,7 @@ from gpuctx_jupyter.core import inventory  # noqa: E402
 from tests.harness.server import KernelSocket, Server  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
+SLOW_MODULE = "gpuctx_bench_slow"  # an installed package whose import takes 2 s (cpu_imports.ipynb)
 CASES = ("cold", "idle", "runall", "restart", "cpu")
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
@@ -138,10 +145,40 @@ class Session:
         self.ks.close()
         self.srv.api("DELETE", f"/api/sessions/{self.id}")
         time.sleep(1.0)  # the kernel process and its context are gone before the next one
-        deadline = time.monotonic() + 30  # and the reserve kept for it, so each play starts alike
-        while time.monotonic() < deadline and (self.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get(
-                "standbys"):
+        deadline = time.monotonic() + 30  # and the restart reserve kept for it, so each play starts alike
+        while time.monotonic() < deadline and any(st.get("kind", "gpu") == "gpu" for st in standbys(self.srv)):
             time.sleep(0.2)
+
+
+def standbys(srv: Server) -> list[dict]:
+    return (srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or []
+
+
+def settled(srv: Server, timeout: float = 300) -> None:
+    """Until no standby of the server is starting (three servers share this machine's CPUs)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pool = srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}
+        starting = sum(k.get("starting", 0) for k in (pool.get("kernelspecs") or {}).values())
+        if not starting and not any(st.get("state") in ("booting", "paused") for st in pool.get("standbys", [])):
+            return
+        time.sleep(0.5)
+
+
+def imports_standby_ready(srv: Server, timeout: float = 300) -> float | None:
+    """Seconds until the server's imports standby is ready with its whole import profile (None:
+    the server keeps none)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        pool = srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}
+        if "import_profile" not in pool:
+            return None
+        want = len(pool["import_profile"]["modules"])
+        if any(st.get("kind") == "imports" and st.get("ready") and st.get("imports", 0) >= want - 1
+               for st in pool.get("standbys", [])):
+            return time.perf_counter() - t0
+        time.sleep(0.5)
+    return None
 
 
 def reserve_ready(srv: Server, path: str, timeout: float = 180) -> float | None:
@@ -163,9 +200,10 @@ def first_gpu_cell(cells: list[str]) -> int:
 
 
 def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> dict:
+    wait = imports_standby_ready(srv) if case in ("idle", "runall") else None
     s = Session(srv, path)
     try:
-        out = {"ready": s.ready}
+        out = {"ready": s.ready, "standby_wait": wait}
         if case == "cpu":
             out["cpu_cell"] = s.run(CPU_CELL)["seconds"]
             out["cpu_cell_steady"] = s.run(CPU_CELL)["seconds"]
@@ -211,6 +249,7 @@ def summarize(runs: list[dict]) -> dict:
             "restart": median([r.get("restart") for r in runs]),
             "restart_to_gpu_cell": median([r.get("restart_to_gpu_cell") for r in runs]),
             "reserve_wait": median([r.get("reserve_wait") for r in runs]),
+            "standby_wait": median([r.get("standby_wait") for r in runs]),
             "pooled": sum(1 for r in runs if r.get("pooled")),
             "errors": sorted({e for r in runs for e in r.get("errors", [])})}
 
@@ -250,15 +289,22 @@ def main() -> None:
             shutil.copy(os.path.join(NOTEBOOKS, f"{name}.ipynb"), root)
             todo[name] = cells
     common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
-    off = Server(root, [*common, "--GpuctxServer.warm_policy=never"]).start()
-    on = Server(root, common).start()  # the defaults: policy auto, the notebook recipe
-    both = ("cpu", "restart")  # baseline and ours side by side
-    plan = [(case, srv) for case in cases for srv in ((off, on) if case in both else (off if case == "cold" else on,))]
+    site = slow_package(root)
+    server_env = {"PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]), "GPUCTX_SERVER_POOL": "auto",
+                  "JUPYTER_DATA_DIR": os.path.join(root, ".jupyter-data")}
+    off = Server(root, [*common, "--GpuctxServer.warm_policy=never"], env=server_env).start()
+    on = Server(root, common, env=server_env).start()  # the defaults: policy auto, the notebook recipe, the imports standby
+    nostd = Server(root, common, env={**server_env, "GPUCTX_SERVER_IMPORT_STANDBYS": "0"}).start()
+    names_of = {id(off): "warming off", id(on): "warming on", id(nostd): "no imports standby"}
+    both = {"cpu": (off, on), "restart": (off, on), "runall": (off, on, nostd)}  # baselines and ours side by side
+    plan = [(case, srv) for case in cases for srv in (both.get(case) or ((off,) if case == "cold" else (on,)))]
+    startup = imports_standby_ready(on, timeout=600)  # the server has read the notebooks and imported them
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
     env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
-           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "imports_standby_first_ready_s": startup}
     t0 = time.monotonic()
     try:
         for rep in range(args.repeat):  # interleaved, so drift hits every case alike
@@ -267,14 +313,25 @@ def main() -> None:
                     print(f"--until {args.until:g} s reached: stopping before {name}, repeat {rep + 1}", file=sys.stderr)
                     break
                 for case, srv in plan:
-                    key = case if case not in both else f"{case}, warming {'off' if srv is off else 'on'}"
+                    key = case if case not in both else f"{case}, {names_of[id(srv)]}"
+                    for other in (off, on, nostd):  # no server's standby starts while this one plays
+                        settled(other)
                     runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
     finally:
-        off.stop()
-        on.stop()
+        for srv in (off, on, nostd):
+            srv.stop()
     report(runs, skipped, env, args.json)
+
+
+def slow_package(root: str) -> str:
+    """A site-packages folder holding a package whose import takes 2 s (installed, not local code)."""
+    site = os.path.join(root, ".site", "site-packages")
+    os.makedirs(os.path.join(site, SLOW_MODULE), exist_ok=True)
+    with open(os.path.join(site, SLOW_MODULE, "__init__.py"), "w") as fh:
+        fh.write("import time\ntime.sleep(2)\n")
+    return site
 
 
 def save(path: str, env: dict, runs: dict, skipped: dict, table: dict | None = None) -> None:

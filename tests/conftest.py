@@ -247,3 +247,44 @@ def faulty(server_factory, tmp_path):
         return srv
 
     return make
+
+
+@pytest.fixture(scope="module")
+def lab_factory(browser, tmp_path_factory):  # the browser first: skipped without one, no lab started
+    """Start real `jupyter lab`s for a browser-test module: `make(files, *args, env=None)` writes
+    `files` ({name: text}) into a new folder and serves it (harness.browser.Lab); all are stopped
+    when the module ends."""
+    from .harness.browser import Lab
+
+    labs = []
+
+    def make(files: dict, *args, env=None, name: str = "lab"):
+        root = tmp_path_factory.mktemp(name)
+        for filename, text in files.items():
+            (root / filename).write_text(text)
+        lab = Lab(root, args, env=env)
+        labs.append(lab)
+        return lab
+
+    yield make
+    for lab in labs:
+        lab.stop()
+
+
+@pytest.fixture(scope="module")
+def notebook_page(browser):
+    """`open(lab, name)`: a new page with the notebook open and its kernel idle, closed when the
+    module ends."""
+    from .harness.browser import open_notebook
+
+    pages = []
+
+    def open_(lab, name: str):
+        page = open_notebook(browser, lab, name)
+        pages.append(page)
+        return page
+
+    yield open_
+    for page in pages:
+        if not page.is_closed():
+            page.close()

@@ -9,37 +9,25 @@ import time
 import pytest
 
 from .harness.browser import (
-    LAB_ARGS,
     confirm_action,
     kernel_idle,
     notebook_json,
-    open_notebook,
     open_panel,
     screenshot,
     shoot,
 )
-from .harness.server import Server
 
 NOTEBOOK = notebook_json("sleepy", "import time\nprint('sleeping', flush=True)\ntime.sleep(60)\nprint('slept', 'on')")
 
 
 @pytest.fixture(scope="module")
-def lab(browser, tmp_path_factory):  # the browser first: skipped without one, no lab started
-    root = tmp_path_factory.mktemp("lab")
-    (root / "sleep.ipynb").write_text(NOTEBOOK)
-    server = Server(str(root), app="jupyterlab", env={"CUDA_VISIBLE_DEVICES": ""}, args=[
-        *LAB_ARGS,
-    ])
-    server.start(timeout=120)
-    yield server
-    server.stop()
+def lab(lab_factory):
+    return lab_factory({"sleep.ipynb": NOTEBOOK}, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.fixture(scope="module")
-def page(browser, lab):
-    page = open_notebook(browser, lab, "sleep.ipynb")
-    yield page
-    page.close()
+def page(notebook_page, lab):
+    return notebook_page(lab, "sleep.ipynb")
 
 
 def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
@@ -54,9 +42,10 @@ def test_panel_shows_no_gpu_with_the_server_reason(lab, page, browser):
     assert no_gpu.get_attribute("role") == "status"
     assert panel.locator(".jp-gpuctx-card").count() == 0
     assert panel.get_by_role("heading", name="GPUs").is_visible()
-    assert panel.locator(".jp-gpuctx-replay").is_hidden()
-    # the stream is live, and the notebook section names the active notebook
-    page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-connection').dataset.state === 'open'")
+    assert panel.locator(".jp-gpuctx-replay").count() == 0  # live data: no replay mark
+    # the stream is live (said once, in the header), and the notebook section names the active notebook
+    page.wait_for_function("() => document.querySelector('#gpuctx-panel .jp-gpuctx-state').dataset.state === 'live'")
+    assert panel.locator(".jp-gpuctx-state").count() == 1 and panel.locator(".jp-gpuctx-state-text").inner_text() == "Live"
     assert "sleep.ipynb" in panel.locator(".jp-gpuctx-notebook-name").inner_text()
     shoot(page, panel, screenshot("panel-nogpu.png"))
     assert browser.errors == []

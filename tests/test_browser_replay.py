@@ -6,23 +6,21 @@ panel says so. The README's screenshots come from here."""
 from __future__ import annotations
 
 import re
-import shutil
-import time
 
 import pytest
 
 from .harness.browser import (
-    LAB_ARGS,
     TRACE,
+    axe_violations,
+    decline_news,
     notebook_json,
-    open_notebook,
     open_panel,
     refreshing_docs,
     screenshot,
     set_theme,
     shoot,
 )
-from .harness.server import Server
+from .harness.waiting import wait_for
 
 BANNER = "Replay of a recorded trace — not live data"
 
@@ -31,28 +29,17 @@ NOTEBOOK = notebook_json("monitor", "# the server loaded gpuctx into this kernel
 
 
 @pytest.fixture(scope="module")
-def lab(browser, tmp_path_factory):  # the browser first: skipped without one, no lab started
-    root = tmp_path_factory.mktemp("replay-lab")
-    (root / "train.ipynb").write_text(NOTEBOOK)
-    shutil.copy(TRACE, root / "h200-trace.jsonl")
-    server = Server(str(root), app="jupyterlab", args=[
-        f"--GpuctxServer.replay_trace={TRACE}", "--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always",
-        *LAB_ARGS,
-    ])
-    server.start(timeout=120)
-    deadline = time.monotonic() + 60
-    while "gpuctx pool: standby python3 kernel ready" not in server.log():
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.2)
-    yield server
-    server.stop()
+def lab(lab_factory):
+    lab = lab_factory({"train.ipynb": NOTEBOOK, "h200-trace.jsonl": TRACE.read_text()},
+                      f"--GpuctxServer.replay_trace={TRACE}", "--GpuctxServer.pool_size=1",
+                      "--GpuctxServer.warm_policy=always", name="replay-lab")
+    wait_for(lambda: "gpuctx pool: standby python3 kernel ready" in lab.log(), timeout=60)
+    return lab
 
 
 @pytest.fixture(scope="module")
-def page(browser, lab):
-    page = open_notebook(browser, lab, "train.ipynb")
-    yield page
-    page.close()
+def page(notebook_page, lab):
+    return notebook_page(lab, "train.ipynb")
 
 
 def test_panel_renders_the_replayed_h200_trace_under_a_replay_banner(lab, page, browser):
@@ -62,9 +49,10 @@ def test_panel_renders_the_replayed_h200_trace_under_a_replay_banner(lab, page, 
     cards = panel.locator(".jp-gpuctx-card")
     cards.nth(1).wait_for(state="visible")
     assert cards.count() == 2
-    banner = panel.locator(".jp-gpuctx-replay")
-    assert banner.is_visible() and BANNER in banner.inner_text() and TRACE.name in banner.inner_text()
-    assert banner.locator(".jp-gpuctx-replay-source").get_attribute("title") == str(TRACE)  # the full path
+    banner = panel.locator(".jp-gpuctx-header .jp-gpuctx-state.jp-gpuctx-replay")  # the one state: replay
+    banner.wait_for(state="visible")
+    assert BANNER in banner.inner_text() and TRACE.name in banner.inner_text()
+    assert banner.locator(".jp-gpuctx-state-detail").get_attribute("title") == str(TRACE)  # the full path
     assert "cuda:0 · NVIDIA H200" in cards.nth(0).inner_text() and "cuda:1 · NVIDIA H200" in cards.nth(1).inner_text()
     assert panel.locator(".jp-gpuctx-nogpu").inner_text() == ""
     # the recorded load alternates 12 s busy and 8 s idle: the history chart draws it
@@ -120,7 +108,29 @@ def test_monitor_in_the_notebook_replays_the_trace_labelled(page, browser):
     if refreshing_docs():  # for the README: wait until the plot shows busy, idle, busy (27 s of trace)
         page.wait_for_function("() => { const p = document.querySelector('.jp-Notebook .jp-OutputArea-output svg polyline');"
                                " return p && p.getAttribute('points').trim().split(/\\s+/).length >= 28; }", timeout=60_000)
+    decline_news(page)  # JupyterLab's own question would sit on the picture
     output.screenshot(path=str(screenshot("monitor.png")))
+    assert browser.errors == []
+
+
+def test_the_monitor_has_no_serious_accessibility_violation_in_either_theme(page, browser):
+    output = ".jp-Notebook .jp-OutputArea-output"
+    page.wait_for_function("o => { const n = document.querySelector(o); return n && n.querySelectorAll('[role=meter]')"
+                           ".length === 4; }", arg=output)
+    meters = page.evaluate("o => Array.from(document.querySelector(o).querySelectorAll('[role=meter]'))"
+                           ".map(m => [m.getAttribute('aria-label'), m.getAttribute('aria-valuetext')])", output)
+    assert [m[0] for m in meters] == ["utilisation of cuda:0", "memory of cuda:0", "utilisation of cuda:1",
+                                      "memory of cuda:1"]
+    assert re.fullmatch(r"\d+%", meters[0][1]) and re.fullmatch(r".+ GiB / 140 GiB", meters[1][1]), meters
+    labels = page.evaluate("o => Array.from(document.querySelector(o).querySelectorAll('svg text'))"
+                           ".map(t => t.textContent)", output)
+    assert labels[:6] == ["100%", "0%", "140 GiB", "0", "−30 s", "now"]  # the chart's scales, on the chart
+    try:
+        for theme, light in (("JupyterLab Light", True), ("JupyterLab Dark", False)):
+            set_theme(page, theme, light)
+            assert axe_violations(page, output) == [], theme
+    finally:
+        set_theme(page, "JupyterLab Light", light=True)
     assert browser.errors == []
 
 
@@ -131,7 +141,7 @@ def test_dark_theme(page, browser):
     assert re.match(r"rgb\((\d+), (\d+), (\d+)\)", bg) and sum(map(int, re.findall(r"\d+", bg)[:3])) < 3 * 100, bg
     card_bg = panel.locator(".jp-gpuctx-card").first.evaluate("n => getComputedStyle(n).color")
     assert sum(map(int, re.findall(r"\d+", card_bg)[:3])) > 3 * 150, card_bg  # light text on dark
-    banner = panel.locator(".jp-gpuctx-replay")
+    banner = panel.locator(".jp-gpuctx-state.jp-gpuctx-replay")
     fg, bg = banner.evaluate("n => [getComputedStyle(n).color, getComputedStyle(n).backgroundColor]")
     assert contrast(fg, bg) >= 4.5, (fg, bg)  # the replay warning stays readable (WCAG AA)
     shoot(page, panel, screenshot("panel-dark.png"))

@@ -130,3 +130,29 @@ def test_two_kernels_on_two_gpus_are_attributed_to_their_gpu_and_notebook(server
         assert marked == [f"cuda:{held['device']}"], (path, cards)
     for _, ks, _, _ in kernels.values():
         ks.close()
+
+
+def test_a_dashboards_stream_carries_pcie_and_nvlink_throughput_and_the_history_keeps_it(server):
+    """What the GPU dashboard draws on a real GPU: link readings in the snapshots of a stream
+    that asks for them (`throughput=1`), and in the history a page gets when it connects."""
+    import websocket
+
+    ws = websocket.create_connection(f"ws://127.0.0.1:{server.port}/gpuctx/api/stream?interval=1&throughput=1",
+                                     header=[f"Authorization: token {server.token}"], timeout=30)
+    try:
+        deadline, links = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            msg = json.loads(ws.recv())
+            if msg["type"] == "snapshot" and all("links" in d for d in msg["devices"]) and \
+                    any(d["links"].get("nvlink_links") == 0 or d["links"].get("nvlink_tx") is not None
+                        for d in msg["devices"]):
+                links = [d["links"] for d in msg["devices"]]
+                break
+        assert links, "no link readings within 60 s"
+        assert all(link["pcie_tx"] is not None and link["pcie_rx"] is not None for link in links), links
+        assert msg["links_status"]["reason"] is None
+        status, history = server.api("GET", "/gpuctx/api/history?seconds=120")
+        assert status == 200 and history["links"] and all(h["pcie_tx"] for h in history["links"].values())
+        print(json.dumps(links))
+    finally:
+        ws.close()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -78,13 +79,13 @@ OWN_MEMORY = ("import json; from gpuctx_jupyter.core import inventory\n"
               "print(json.dumps(inventory.process_memory(inventory.take())))")
 
 
-def notebook_kernel(tmp_path, cells, policy="auto"):
+def notebook_kernel(tmp_path, cells, policy="auto", env=None):
     """A kernel as the server's hook starts one for a notebook: --ext=gpuctx, GPUCTX_WARM, JPY_SESSION_NAME."""
     (tmp_path / "work").mkdir(parents=True, exist_ok=True)
     nb = tmp_path / "work" / "nb.ipynb"
     notebook(nb, cells)
-    return start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": policy, "GPUCTX_WARM_SOURCE": "server hook"},
-                 extra_arguments=["--ext=gpuctx"], cwd=str(nb.parent))
+    return start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": policy, "GPUCTX_WARM_SOURCE": "server hook",
+                      **(env or {})}, extra_arguments=["--ext=gpuctx"], cwd=str(nb.parent))
 
 
 def warmed(kc) -> dict:
@@ -155,3 +156,62 @@ def test_memory_after_the_first_cell_is_within_5_percent_of_a_cold_kernel(tmp_pa
             stop(km, kc)
     assert used["never"] > 0
     assert abs(used["auto"] - used["never"]) <= 0.05 * used["never"], used
+
+
+# -- what the next cell needs: compile, JAX (issue #25) --------------------------------------------
+def test_a_torch_compile_notebook_gets_a_tiny_compile_on_its_gpu(tmp_path):
+    km, kc = notebook_kernel(tmp_path, ["import torch",
+                                        "net = torch.compile(torch.nn.Linear(16, 16).cuda())\ny = net(torch.randn(4, 16, device='cuda'))"])
+    try:
+        out = warmed(kc)
+        step = next(s for s in out["plan"]["steps"] if s.get("name", "").startswith("compile a tiny model"))
+        assert step["state"] == "done", step
+        r = run(kc, "import torch\nf = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 8)).cuda())\n"
+                    "print(f(torch.randn(2, 32, device='cuda')).shape)", timeout=240)
+        assert r.reply["status"] == "ok" and "torch.Size([2, 8])" in r.stdout, r.stderr
+    finally:
+        stop(km, kc)
+
+
+def test_a_jax_notebook_gets_its_backend_and_a_jit_on_its_gpu_without_preallocating(tmp_path):
+    pytest.importorskip("jax")
+    km, kc = notebook_kernel(tmp_path, ["import jax\nimport jax.numpy as jnp", "g = jax.jit(jax.grad(lambda w: jnp.sum(w ** 2)))"],
+                             env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    try:
+        out = warmed(kc)
+        step = next(s for s in out["plan"]["steps"] if s.get("name", "").startswith("JAX backend"))
+        assert step["state"] == "done", step
+        memory = json.loads(run(kc, OWN_MEMORY).stdout.strip().splitlines()[-1])
+        assert all(v < 4 * 2**30 for v in memory.values()), memory  # a context, not 75% of a GPU
+    finally:
+        stop(km, kc)
+
+
+# -- import-warm standbys (issue #24) ---------------------------------------------------------------
+def test_an_imports_standby_holds_nothing_on_any_gpu_and_an_import_making_a_context_is_dropped(server_factory, tmp_path):
+    import pynvml
+
+    from .harness.faults import pool_of
+    from .harness.waiting import wait_for
+
+    site = tmp_path / "lib" / "site-packages" / "gpuctx_grabs_gpu"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("import torch\ntorch.ones(1, device='cuda')\n")
+    notebook(tmp_path / "nb.ipynb", ["import torch\nimport gpuctx_grabs_gpu"])
+    env = {"GPUCTX_SERVER_POOL": "auto", "PYTHONPATH": os.pathsep.join([str(site.parent), os.environ.get("PYTHONPATH", "")])}
+    srv = server_factory(env=env)
+    profile = wait_for(lambda: (lambda p: p if "gpuctx_grabs_gpu" in p.get("dropped", {}) else None)(
+        pool_of(srv).get("import_profile") or {}), timeout=240)
+    assert "CUDA context" in profile["dropped"]["gpuctx_grabs_gpu"]
+    standby = wait_for(lambda: next((s for s in pool_of(srv)["standbys"] if s["kind"] == "imports" and s["ready"]
+                                     and s["imports"] >= 3), None), timeout=240)
+    pynvml.nvmlInit()
+    listed = {p.pid for i in range(pynvml.nvmlDeviceGetCount())
+              for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
+    assert standby["pid"] not in listed and not standby["cuda_driver"]
+    ks = srv.channels(srv.start_kernel(path="nb.ipynb"))
+    r = ks.execute("import os, sys, torch; print(os.getpid(), 'torch._dynamo' in sys.modules); "
+                   "print(torch.ones(2, device='cuda').sum().item())")
+    pid, dynamo = r.stdout.split()[:2]
+    assert int(pid) == standby["pid"] and dynamo == "True" and "2.0" in r.stdout
+    ks.close()

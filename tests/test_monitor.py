@@ -1,7 +1,9 @@
 """The live monitor: widgets built from samples, history, error state, the shared sampler."""
 from __future__ import annotations
 
+import html
 import os
+import re
 import threading
 import time
 from dataclasses import replace
@@ -11,7 +13,7 @@ import pytest
 from gpuctx_jupyter.core import inventory
 from gpuctx_jupyter.core.devices import resolve_visibility
 from gpuctx_jupyter.core.sampler import History, Point, Sample, Sampler
-from gpuctx_jupyter.kernel.monitor import GpuMonitor, sparkline
+from gpuctx_jupyter.kernel.monitor import ERROR_COLOR, GpuMonitor, sparkline
 
 from .harness.gpus import h200
 from .harness.kernels import reply_to, run, start, stop
@@ -33,6 +35,13 @@ def sampler_threads():
     return [t for t in threading.enumerate() if t.name == "gpuctx-sampler"]
 
 
+def meters(card) -> list[dict]:
+    """The card's bars as a screen reader meets them: role="meter", its name, value and text."""
+    found = re.findall(r"<div role='meter' aria-label='([^']*)' aria-valuemin='0' aria-valuemax='100' "
+                       r"aria-valuenow='(\d+)' aria-valuetext='([^']*)'", card.meters.value)
+    return [{"label": html.unescape(a), "now": b, "text": html.unescape(c)} for a, b, c in found]
+
+
 def test_no_gpu_shows_one_line_with_the_reason():
     mon = GpuMonitor(interval=0.05, sampler=Sampler())
     try:
@@ -51,8 +60,9 @@ def test_cards_built_from_samples_mark_this_kernel():
         assert wait_for(lambda: len(mon._body.children) == 2)
         first = mon._body.children[0]
         assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in first.title.value
-        assert first.mem.max == 141 * 1024**3 and first.mem.value == 10 * 1024**3
-        assert first.util.value == 0 and mon._body.children[1].util.value == 10
+        util, mem = meters(first)
+        assert mem == {"label": "memory of cuda:0", "now": "7", "text": "10.0 GiB / 141 GiB"}  # 10 of 141
+        assert util["now"] == "0" and meters(mon._body.children[1])[0]["now"] == "10"
         assert "◀ this kernel" in first.procs.value and "4242" in first.procs.value
         assert "this kernel (NVML) 1.00 GiB" in first.numbers.value
         assert "<svg" in first.plot.value
@@ -78,8 +88,9 @@ def test_a_lost_gpu_shows_an_error_and_the_others_go_on():
     try:
         assert wait_for(lambda: len(mon._body.children) == 2)
         lost = mon._body.children[1]
-        assert "error: GPU is lost" in lost.title.value and lost.util.bar_style == "danger"
-        assert mon._body.children[0].util.bar_style == "success"
+        assert "error: GPU is lost" in lost.title.value and ERROR_COLOR in lost.meters.value
+        assert ERROR_COLOR not in mon._body.children[0].meters.value
+        assert meters(lost)[1] == {"label": "memory of cuda:1", "now": "0", "text": "– / 141 GiB"}  # unknown: empty
         ticks = sampler.ticks
         assert wait_for(lambda: sampler.ticks >= ticks + 3)  # sampling goes on
     finally:
@@ -114,7 +125,17 @@ def test_history_keeps_only_the_window():
     assert [p.t for p in points] == [float(t) for t in range(10, 21)]
     svg = sparkline([Point(t, 50, 1) for t in range(0, 21)], now=20, window=5, total_memory=2)
     assert svg.count("<polyline") == 2
-    assert svg.split("points='")[1].count(",") == 6  # t = 15..20 only
+    assert svg.split("points='")[2].count(",") == 6  # t = 15..20 only (after the grid line's)
+
+
+def test_the_chart_has_its_scales_and_breaks_where_no_sample_was_taken():
+    gib = 1024**3
+    points = [Point(t, 50, gib) for t in (0, 1, 2, 3)] + [Point(t, 60, gib) for t in (30, 31, 32)]
+    svg = sparkline(points, now=32, window=60, total_memory=141 * gib, interval=1.0)
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert labels == ["100%", "0%", "141 GiB", "0", "−60 s", "now"]
+    assert svg.count("<polyline") == 4  # two runs each for utilisation and memory: the 27 s gap stays empty
+    assert "0 to 141 GiB" in svg and "last 60 s" in svg  # said to screen readers too
 
 
 def test_hundred_monitors_share_one_sampler_and_leave_no_thread():
@@ -203,7 +224,7 @@ def test_replay_of_a_recorded_h200_trace_is_labelled_and_leaves_live_monitors_li
         assert "REPLAY of a trace recorded 2026-" in mon.replay_label.value
         assert "not live data" in mon.replay_label.value and "h200-trace.jsonl" in mon.replay_label.value
         card = mon._body.children[0]
-        assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in card.title.value and card.mem.max > 100 * 1024**3
+        assert "cuda:0 · NVIDIA H200 (nvidia-smi 0)" in card.title.value and "/ 140 GiB" in meters(card)[1]["text"]
         assert "◀ this kernel" not in card.procs.value and "torch:" not in card.numbers.value
         assert wait_for(lambda: "No GPU is visible" in live.status.value)  # still live, still honest
     finally:

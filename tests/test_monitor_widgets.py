@@ -2,7 +2,7 @@
 process and, through comms, in a real kernel), a stop button whose label fits, one line of text
 where nothing can draw widgets, "No GPU" first, a replay label built once, the JupyterLab theme's
 colours (readable in light and dark), the shared formatters, and the tour that ends with its
-monitors still on screen."""
+monitors live under Run All, and the static picture a monitor leaves when it closes or its kernel ends."""
 from __future__ import annotations
 
 import html
@@ -20,6 +20,7 @@ from ipywidgets.widgets.widget import (
     _instances,  # ipywidgets 8's registry of open widgets
 )
 
+from gpuctx_jupyter.core import inventory
 from gpuctx_jupyter.core.sampler import Sampler, process_sampler
 from gpuctx_jupyter.core.trace import Replay
 from gpuctx_jupyter.kernel import render
@@ -169,6 +170,54 @@ def test_a_stopped_monitor_keeps_its_last_frame_and_says_stopped(nvml_records):
         mon.close()
 
 
+def test_before_any_sample_and_without_a_gpu_it_says_so_and_never_claims_a_sample_stays_shown(nvml_records):
+    nvml_records([])
+    blocked = threading.Event()
+
+    def first_read_held():
+        blocked.wait(30)
+        return inventory.Inventory(nvml_error="held by the test")
+
+    sampler = Sampler(read=first_read_held)
+    mon = GpuMonitor(interval=0.05, sampler=sampler)
+    try:
+        assert text_of(mon.status.value) == "gpuctx monitor · no sample yet"
+        mon.stop()
+        assert re.fullmatch(r"gpuctx monitor · stopped at \d\d:\d\d:\d\d, before the first sample",
+                            text_of(mon.status.value))
+    finally:
+        blocked.set()
+        mon.close()
+    wait_for(lambda: not sampler.running)  # the held read ends, and the thread with it
+    mon = GpuMonitor(interval=0.05, sampler=Sampler())  # no GPU here: samples say so
+    try:
+        wait_for(lambda: "No GPU" in mon.status.value)
+        mon.stop()
+        status = text_of(mon.status.value)
+        assert re.search(r" · stopped at \d\d:\d\d:\d\d \(last checked \d\d:\d\d:\d\d\)$", status), status
+        assert "stays shown" not in status
+    finally:
+        mon.close()
+
+
+def test_the_last_frame_as_a_static_picture_html_and_text_with_no_widget(nvml_records):
+    nvml_records([h200(0, used_gib=3), h200(1, used_gib=9)])
+    mon = GpuMonitor(interval=0.05, sampler=Sampler())
+    try:
+        wait_for(lambda: len(mon._body.children) == 2)
+        picture = mon.snapshot("closed")
+    finally:
+        mon.close()
+    assert set(picture) == {"text/html", "text/plain"}  # no widget: nothing for the page to look up
+    page = picture["text/html"]
+    assert page.count("role='meter'") == 4 and page.count("<svg") == 2 and "cuda:1 · NVIDIA H200" in page
+    assert re.search(r"closed at \d\d:\d\d:\d\d: the last sample, from \d\d:\d\d:\d\d, stays shown", text_of(page))
+    lines = picture["text/plain"].splitlines()
+    assert lines[0].startswith("gpuctx monitor · 2 GPUs · closed at ")
+    assert lines[1] == "cuda:0 · NVIDIA H200 (nvidia-smi 0): util 0% · memory 3.00 GiB / 141 GiB · 30 °C · 100 / 700 W"
+    assert len(lines) == 3
+
+
 # -- 7. a plain terminal gets one line ----------------------------------------------------------------
 def test_in_a_terminal_shell_the_magic_prints_one_sample_and_starts_nothing(shell, nvml_records, clean_env, capsys):
     """The test shell is IPython's TerminalInteractiveShell: no kernel, no comm, nothing draws widgets."""
@@ -273,7 +322,8 @@ def test_colours_come_from_the_jupyterlab_theme(nvml_records):
         assert "--gpuctx-util-color:var(--jp-brand-color1, #1976d2)" in svg
         assert "--gpuctx-memory-color:var(--jp-accent-color1, #388e3c)" in svg
         assert "stroke:var(--gpuctx-util-color)" in svg and "stroke:var(--gpuctx-memory-color)" in svg
-        assert card.util.style.bar_color == UTIL_COLOR and card.mem.style.bar_color == MEMORY_COLOR
+        bars = re.findall(r"role='meter'.*?<div style='width:[\d.]+%;height:100%;background:([^']+)'", card.meters.value)
+        assert bars == [UTIL_COLOR, MEMORY_COLOR]
         assert "var(--jp-ui-font-color1" in mon.status.value
         emitted = [w.value for w in widget_tree(mon) if hasattr(w, "value") and isinstance(w.value, str)]
         fixed = [re.sub(r"var\(--[\w-]+, [^)]+\)", "", v) for v in emitted]
@@ -380,7 +430,15 @@ def test_in_a_kernel_every_widget_comm_is_closed_by_the_stop_button():
         out = "".join(m["content"]["text"] for m in msgs if m["msg_type"] == "stream")
         assert out.split() == ["True", "close", "True", "close", "0"]
         closed = {m["content"]["comm_id"] for m in msgs if m["msg_type"] == "comm_close"}
-        assert len(opened) >= 60 and set(opened) <= closed  # nothing left for the frontend to look up
+        assert len(opened) >= 40 and set(opened) <= closed  # nothing left for the frontend to look up
+        # in its place a static picture of its last frame: an update of the same display, no widget
+        display_id = next(m["content"]["transient"]["display_id"] for m in msgs if m["msg_type"] == "display_data")
+        pictures = [m["content"] for m in msgs if m["msg_type"] == "update_display_data"]
+        assert [p["transient"]["display_id"] for p in pictures] == [display_id]
+        assert set(pictures[0]["data"]) == {"text/html", "text/plain"}
+        assert "cuda:1 · NVIDIA H200" in pictures[0]["data"]["text/html"]
+        assert pictures[0]["data"]["text/plain"].startswith("REPLAY of a trace recorded 2026-")
+        assert " · closed at " in pictures[0]["data"]["text/plain"]
         updates_after = [m for m in msgs[msgs.index(next(m for m in msgs if m["msg_type"] == "comm_close")):]
                          if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] in closed]
         assert updates_after == []  # no update for a closed widget ("Comm not found")
@@ -388,8 +446,40 @@ def test_in_a_kernel_every_widget_comm_is_closed_by_the_stop_button():
         stop(km, kc)
 
 
-# -- 9. the tour ends with its monitors on screen -----------------------------------------------------
-def test_the_tour_runs_all_and_ends_with_both_monitors_shown_and_stopped(tmp_path):
+def test_a_kernel_that_shuts_down_or_restarts_leaves_the_last_picture_of_each_monitor():
+    """What a saved notebook keeps: the kernel replaces each live monitor's output with a static
+    picture when it is asked to shut down (or restart), before it replies, so no output is left
+    pointing at a widget that died with the kernel ("Error displaying widget: model not found")."""
+    for restart in (False, True):
+        km, kc = start()
+        try:
+            reply, msgs = execute(kc, f"%load_ext gpuctx\nm = %gpu monitor --replay {TRACE} --interval 0.1\n"
+                                      "n = %gpu monitor --interval 0.1\nimport time\n"
+                                      "while len(m._body.children) < 2: time.sleep(0.05)")
+            assert reply["status"] == "ok", reply
+            ids = [m["content"]["transient"]["display_id"] for m in msgs if m["msg_type"] == "display_data"]
+            assert len(ids) == 2
+            kc.shutdown(restart=restart)  # what the server sends on its control channel
+            pictures, deadline = {}, time.monotonic() + 30
+            while len(pictures) < 2 and time.monotonic() < deadline:
+                try:
+                    msg = kc.get_iopub_msg(timeout=1)
+                except queue.Empty:
+                    continue
+                if msg["msg_type"] == "update_display_data":
+                    pictures[msg["content"]["transient"]["display_id"]] = msg["content"]["data"]
+            assert sorted(pictures) == sorted(ids)
+            how = "kernel restarted" if restart else "kernel shut down"
+            replay, live = (pictures[i] for i in ids)
+            assert "application/vnd.jupyter.widget-view+json" not in replay
+            assert f" · {how} at " in replay["text/plain"] and "cuda:0 · NVIDIA H200" in replay["text/html"]
+            assert f"{how} at" in live["text/plain"] and "No GPU is visible" in live["text/plain"]
+        finally:
+            stop(km, kc)
+
+
+# -- 9. the tour keeps its monitors live under Run All ----------------------------------------------
+def test_the_tour_runs_all_and_leaves_both_monitors_live(tmp_path):
     import nbformat
     from nbclient import NotebookClient
 
@@ -419,7 +509,8 @@ def test_the_tour_runs_all_and_ends_with_both_monitors_shown_and_stopped(tmp_pat
                     yield text_of(g["value"])
 
     live, replay = (list(statuses(v)) for v in views)
-    assert any("stopped at" in s for s in live) and any("stopped at" in s for s in replay)
+    # nothing in the tour stops them: Run All in JupyterLab leaves both monitors updating
+    assert not [s for s in live + replay if "stopped at" in s or "closed at" in s]
     assert replay[0].startswith("REPLAY of a trace recorded 2026-")
-    assert nb.cells[-1].source == "m.stop()\nreplay.stop()"
-    assert nb.cells[-2].source.startswith("## When you are done: stop the monitors")
+    assert not [c for c in nb.cells if c.cell_type == "code" and re.search(r"\.(stop|close)\(\)", c.source)]
+    assert nb.cells[-1].cell_type == "markdown" and "m.close()" in nb.cells[-1].source

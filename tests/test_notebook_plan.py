@@ -202,13 +202,15 @@ def test_a_cupy_only_notebook_gets_no_torch(tmp_path):
     assert ops(plan) == ["cupy_ops"]
 
 
-def test_jax_and_numba_are_imported_only(tmp_path):
-    notebook(tmp_path / "nb.ipynb", "import jax.numpy as jnp\nfrom numba import cuda\n@cuda.jit\ndef k(x):\n    pass")
+def test_jax_gets_its_backend_and_a_jit_warmed_and_numba_is_imported_only(tmp_path):
+    notebook(tmp_path / "nb.ipynb", ["import jax.numpy as jnp\nfrom numba import cuda\n@cuda.jit\ndef k(x):\n    pass",
+                                     "import jax\nf = jax.jit(jax.grad(loss))"])
     plan = derive(tmp_path / "nb.ipynb")
     assert plan.frameworks == ["jax", "numba"]
-    assert not ops(plan)  # nothing starts a GPU: JAX would preallocate 75% of it
+    assert ops(plan) == ["jax_jit"]  # the recipe skips it while JAX would preallocate (75% of each GPU)
+    step = next(s for s in plan.steps if s.op == "jax_jit")
+    assert step.where == "cell 2, line 2" and "preallocat" in step.detail
     assert "import numba.cuda" in names(plan, "framework")
-    assert any("preallocates 75%" in s.detail for s in plan.steps)
 
 
 def test_frameworks_not_installed_are_skipped_not_warmed(tmp_path):
@@ -233,8 +235,9 @@ def test_training_precision_and_conv_each_name_their_line(tmp_path):
         "with torch.autocast('cuda', dtype=torch.float16):\n    loss = net(x).sum()\nscaler.scale(loss).backward()",
     ])
     plan = derive(tmp_path / "nb.ipynb")
-    assert ops(plan) == ["cuda_init", "alloc", "elementwise", "matmul_fp32", "matmul_fp16", "conv", "autocast",
-                         "backward", "optimizer", "grad_scaler"]
+    # in the order the cells need them: a first GPU cell's work, training, then precisions and the rest
+    assert ops(plan) == ["cuda_init", "alloc", "elementwise", "matmul_fp32", "backward", "optimizer", "grad_scaler",
+                         "matmul_fp16", "conv", "autocast"]
     by_op = {s.op: s for s in plan.steps}
     assert by_op["conv"].where == "cell 2, line 1"
     assert by_op["optimizer"].name == "optimizer step (SGD with momentum)"
@@ -326,7 +329,7 @@ def test_plan_is_json_and_lines_show_each_step_with_its_line(tmp_path):
 def test_basic_recipe_is_the_fixed_one():
     plan = npl.basic(("torch", "jax"), ("alloc", "backward"), ("transformers",))
     assert [s.name for s in plan.steps] == ["import transformers", "import torch", "import jax", "cuda init", "alloc",
-                                            "backward", "import jax.numpy"]
+                                            "backward", "import jax.numpy", "JAX backend and a tiny jit(grad)"]
 
 
 # -- the contract ----------------------------------------------------------------------------------
@@ -337,3 +340,35 @@ def test_the_recipe_travels_in_the_warm_plan():
     assert contract.WarmSettings.from_env(env).recipe == "basic"
     assert contract.WarmSettings.from_env({}).recipe == "notebook"
     assert contract.parse_recipe("Notebook ") == "notebook" and contract.parse_recipe("bogus") == "notebook"
+
+
+# -- the order the notebook needs them in ----------------------------------------------------------
+def test_torch_dynamo_is_imported_in_the_background_right_after_torch_when_the_notebook_trains(tmp_path, site):
+    site("alpha")
+    notebook(tmp_path / "nb.ipynb", ["import torch\nimport alpha", "opt = torch.optim.AdamW(params)"])
+    plan = derive(tmp_path / "nb.ipynb")
+    names_ = [s.name for s in plan.steps]
+    assert names_[:3] == ["import torch", "import torch._dynamo", "import alpha"]
+    assert next(s for s in plan.steps if s.module == "torch._dynamo").overlap
+    notebook(tmp_path / "infer.ipynb", ["import torch", "y = torch.ones(3, device='cuda')"])
+    assert "import torch._dynamo" not in [s.name for s in derive(tmp_path / "infer.ipynb").steps]
+
+
+def test_later_cells_imports_come_after_the_gpu_work_of_the_first_gpu_cell(tmp_path, site):
+    for name in ("early", "late"):
+        site(name)
+    notebook(tmp_path / "nb.ipynb", ["import torch\nimport early", "x = torch.randn(8, 8, device='cuda')",
+                                     "import late\nprint(late)"])
+    order = [s.name for s in derive(tmp_path / "nb.ipynb").steps]
+    assert order.index("import early") < order.index("cuda init") < order.index("matmul fp32") < order.index("import late")
+    notebook(tmp_path / "nogpu.ipynb", ["import torch\nimport early", "import late"])  # no GPU cell: imports first
+    order = [s.name for s in derive(tmp_path / "nogpu.ipynb").steps]
+    assert order.index("import late") < order.index("cuda init")
+
+
+def test_a_torch_compile_notebook_plans_a_compile_after_its_first_work(tmp_path):
+    notebook(tmp_path / "nb.ipynb", ["import torch", "model = torch.compile(torch.nn.Linear(4, 4).cuda())"])
+    plan = derive(tmp_path / "nb.ipynb")
+    step = next(s for s in plan.steps if s.op == "compile")
+    assert step.where == "cell 2, line 1" and "torch.compile" in step.code
+    assert ops(plan).index("compile") > ops(plan).index("matmul_fp32")

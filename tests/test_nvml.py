@@ -125,7 +125,8 @@ class FakeMachine:
         for name in ("GetUUID", "GetName", "GetPciInfo", "GetCudaComputeCapability", "GetMigMode",
                      "GetPersistenceMode", "GetMemoryInfo", "GetUtilizationRates", "GetTemperature",
                      "GetPowerUsage", "GetEnforcedPowerLimit", "GetComputeRunningProcesses",
-                     "GetGraphicsRunningProcesses", "GetMaxMigDeviceCount"):
+                     "GetGraphicsRunningProcesses", "GetMaxMigDeviceCount", "GetPcieThroughput",
+                     "GetNvLinkState", "GetFieldValues"):
             monkeypatch.setattr(pynvml, f"nvmlDevice{name}", self.query(name))
 
     def answer_handle(self, key):
@@ -138,6 +139,8 @@ class FakeMachine:
         def answer(handle, *args):
             self.calls.append((handle, name))
             value = self.devices[handle].get(name, nvml_error("NOT_SUPPORTED"))
+            if callable(value):  # an answer that depends on the arguments (a link, a counter)
+                value = value(*args)
             if isinstance(value, Exception):
                 raise value
             return value
@@ -178,6 +181,35 @@ def test_gpu_lost_on_one_of_two_devices(monkeypatch):
     assert (bad.nvml_index, bad.uuid, bad.pci_bus_id) == (1, "GPU-bbbb", "00000000:2A:00.0")
     assert bad.memory_total is None and bad.utilization is None and bad.processes == ()
     assert (1, "GetUtilizationRates") not in machine.calls  # no more queries to a lost GPU
+
+
+def test_link_counters_pcie_in_bytes_and_nvlink_summed_over_the_active_links(monkeypatch):
+    nvml._active_links.clear()
+
+    def field(kib, ok=True):
+        return SimpleNamespace(nvmlReturn=pynvml.NVML_SUCCESS if ok else 3,
+                               valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, value=SimpleNamespace(ullVal=kib))
+
+    def links(link):  # links 0 and 2 up, 1 down, none past 3
+        return nvml_error("INVALID_ARGUMENT") if link > 3 else (pynvml.NVML_FEATURE_ENABLED if link in (0, 2) else 0)
+
+    def fields(queried):
+        assert [scope for _id, scope in queried] == [0, 2, 0, 2]  # TX of each active link, then RX
+        return [field(100), field(200), field(10), field(20)]
+
+    machine = FakeMachine(monkeypatch, {
+        0: h200("GPU-aaaa", "00000000:18:00.0",
+                GetPcieThroughput=lambda counter: 1000 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 500,
+                GetNvLinkState=links, GetFieldValues=fields),
+        1: h200("GPU-bbbb", "00000000:2a:00.0"),  # no NVLink, no PCIe figure: Nones
+    })
+    nvlinked, plain = nvml.read_link_counters()
+    assert (nvlinked.uuid, nvlinked.pcie_tx, nvlinked.pcie_rx) == ("GPU-aaaa", 1000 * 1024.0, 500 * 1024.0)
+    assert (nvlinked.nvlink_tx, nvlinked.nvlink_rx, nvlinked.nvlink_links) == (300 * 1024, 30 * 1024, 2)
+    assert (plain.pcie_tx, plain.nvlink_tx, plain.nvlink_links) == (None, None, 0)
+    nvml.read_link_counters()
+    states = [c for c in machine.calls if c == (0, "GetNvLinkState")]
+    assert len(states) == 5  # the links are found once per device, not at every read
 
 
 def test_device_lost_before_its_handle(monkeypatch):
@@ -271,6 +303,26 @@ def test_records_from_a_real_gpu():
         assert record.compute_capability is not None
     assert re.fullmatch(r"\d+\.\d+", nvml.cuda_driver_version())
     assert nvml.driver_version()
+
+
+@pytest.mark.gpu
+def test_link_counters_from_a_real_gpu():
+    """PCIe throughput on every GPU, NVLink counters on GPUs joined by NVLink (2 × H200), and a
+    rate from two readings (server/links.py), never negative."""
+    import time
+
+    from gpuctx_jupyter.server.links import rates
+
+    first = nvml.read_link_counters()
+    gpus = [r for r in nvml.read_records() if r.mig_parent is None]
+    assert [c.uuid for c in first] == [r.uuid for r in gpus]
+    assert all(c.pcie_tx is not None and c.pcie_tx >= 0 and c.pcie_rx >= 0 for c in first), first
+    time.sleep(1.0)
+    second = nvml.read_link_counters()
+    for uuid, r in rates({c.uuid: c for c in first}, second).items():
+        if r["nvlink_links"]:
+            assert r["nvlink_tx"] is not None and r["nvlink_tx"] >= 0 and r["nvlink_rx"] >= 0, (uuid, r)
+    print({c.uuid: (c.pcie_tx, c.pcie_rx, c.nvlink_links) for c in second})
 
 
 @pytest.mark.gpu

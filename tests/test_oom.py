@@ -120,7 +120,47 @@ def test_a_standby_is_named_as_such_and_this_kernels_figures_and_other_devices_a
             "peak 18.0 GiB; NVML: 20.0 GiB on cuda:0, 612 MiB on cuda:1 (a context stays on each GPU it touched "
             "until restart)" % os.getpid()) in text
     assert "    a warm-pool standby kernel 100 GiB" in text
-    assert "expandable_segments:True" in text  # 7 GiB reserved but unusable: fragmentation
+    # 7 GiB reserved but fragmented cannot cover the 20.6 GiB the 40 GiB request lacks: no fix for it
+    assert "expandable_segments:True" not in text
+
+
+def asking(gib_: float) -> Exception:
+    return fake_error("torch", message=TORCH_MESSAGE.replace("Tried to allocate 40.00 GiB",
+                                                             f"Tried to allocate {gib_:.2f} GiB"))
+
+
+def fixes_of(text: str) -> list[str]:
+    lines = text.splitlines()
+    return [line.split(". ", 1)[1] for line in lines[lines.index("  fixes, best first:") + 1:]]
+
+
+def test_a_fix_is_listed_only_where_it_can_cover_the_request(nvml_records, clean_env, tmp_path, monkeypatch,
+                                                              own_figures):
+    """One GPU, 10 GiB free; train.ipynb keeps 6 GiB cached, eval.ipynb 5 GiB; this kernel's
+    CuPy pool 1 MiB and its torch allocator 8 GiB reserved but unused (fragmented)."""
+    def cached(kid, name, pid, size):
+        return hf.Holder(kid, "python3", (name,), frozenset({pid}), "idle", NOW - 900, 900,
+                               memory=({"framework": "torch", "ordinal": 0, "allocated": 0, "reserved": size,
+                                        "peak": size},), memory_time=NOW - 800)
+
+    procs = [(os.getpid(), 10 * GIB), (A, 6 * GIB), (B, 5 * GIB)]
+    nvml_records([record(0, 130 * GIB, procs)])
+    holders_file(tmp_path, monkeypatch, [cached("kid-a", "train.ipynb", A, 6 * GIB),
+                                         cached("kid-b", "eval.ipynb", B, 5 * GIB)])
+    own_figures(fws.AllocatorFigures("cupy", 0, 0, MIB, MIB), fws.AllocatorFigures("torch", 0, 2 * GIB, 10 * GIB, 10 * GIB))
+    # 40 GiB asked, 30 GiB short: nothing here covers it, not even everything released together
+    assert fixes_of(oom.explain(asking(40), now=NOW)) == ["a smaller batch or model (this one asked for 40.0 GiB)"]
+    # 14 GiB asked, 4 GiB short: each cache covers it; the fragmented allocator does too
+    fixes = fixes_of(oom.explain(asking(14), now=NOW))
+    assert fixes[0].startswith("release the cache of train.ipynb (6.00 GiB")
+    assert fixes[1].startswith("release the cache of eval.ipynb (5.00 GiB")
+    assert fixes[2].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") and len(fixes) == 4
+    assert not [f for f in fixes if f.startswith("`%gpu free`")]  # its 1 MiB covers nothing
+    # 19 GiB asked, 9 GiB short: no single cache covers it; the two together do, as one fix
+    fixes = fixes_of(oom.explain(asking(19), now=NOW))
+    assert fixes[0] == ("together, the Release button of train.ipynb, the Release button of eval.ipynb — 11.0 GiB, "
+                        "their variables stay")
+    assert not [f for f in fixes if f.startswith(("release the cache of", "shut down train", "shut down eval"))]
 
 
 def test_without_a_holders_file_other_processes_are_named_by_pid_and_the_reason_is_given(
@@ -274,10 +314,10 @@ def test_tensors_the_failed_calls_frames_keep_alive_are_counted_and_released(two
     monkeypatch.delenv(hf.HOLDERS, raising=False)
     refs = []
 
-    def step():
+    def step(asked=40):
         activations = FakeTensor(3 * GIB, 1)
         refs.append(weakref.ref(activations))
-        raise fake_error("torch")
+        raise asking(asked)
 
     try:
         step()
@@ -285,7 +325,14 @@ def test_tensors_the_failed_calls_frames_keep_alive_are_counted_and_released(two
         error = exc
     text = oom.explain(error, now=NOW)
     assert "the failed cell's traceback keeps 3.00 GiB of tensors alive" in text
-    assert "`%gpu free` — returns 3.00 GiB this kernel keeps cached or alive for the failed cell" in text
+    assert "`%gpu free`" not in text  # 3 GiB cannot cover the 24.4 GiB the 40 GiB request lacks
+    try:
+        step(17)  # 1.4 GiB short: releasing the 3 GiB covers it
+    except RuntimeError as exc:
+        small = exc
+    assert "`%gpu free` — returns 3.00 GiB this kernel keeps cached or alive for the failed cell" in \
+        oom.explain(small, now=NOW)
+    del small
     saved = {n: getattr(sys, n) for n in ("last_type", "last_value", "last_traceback") if hasattr(sys, n)}
     sys.last_type, sys.last_value, sys.last_traceback = type(error), error, error.__traceback__
     del error

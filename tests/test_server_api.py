@@ -126,7 +126,8 @@ async def test_every_endpoint_refuses_a_caller_without_a_token(jp_fetch, jp_ws_f
 async def test_the_stream_pushes_snapshots_at_the_asked_rate(jp_fetch, jp_ws_fetch):
     ws = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.6"})
     hello = await read_json(ws)
-    assert hello == {"type": "hello", "interval": 0.6, "requested": 0.6, "min_interval": 0.5, "max_interval": 60.0}
+    assert hello == {"type": "hello", "interval": 0.6, "requested": 0.6, "min_interval": 0.5, "max_interval": 60.0,
+                     "history": {"seconds": 0.0, "keeps": 3600.0}}
     times = [(await read_json(ws))["time"] for _ in range(3)]
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert all(0.5 <= gap < 3 for gap in gaps), gaps  # not faster than asked, and it keeps coming
@@ -160,6 +161,94 @@ async def test_clients_that_leave_leave_nothing_behind(jp_fetch, jp_ws_fetch):
     clients[4].close()
     assert await wait_until(lambda: not sampler.running), "the sampler kept running without listeners"
     assert sampler.listeners == 0
+
+
+# -- the GPU history, link throughput and host usage ------------------------------------------------
+
+async def test_a_client_that_connects_gets_the_last_minutes_first(jp_fetch, jp_ws_fetch, monkeypatch):
+    monkeypatch.setattr(nvml, "read_records", lambda: [h200(0, used_gib=3)])
+    watching = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.5"})
+    assert (await read_json(watching))["type"] == "hello"
+    seen = [await read_json(watching) for _ in range(7)]  # 3 s of samples: the history keeps 1 a second
+    assert {m["type"] for m in seen} == {"snapshot"}  # no history asked for, none sent
+    late = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "1", "history": "60"})
+    hello = await read_json(late)
+    assert hello["history"] == {"seconds": 60.0, "keeps": 3600.0}
+    history = await read_json(late)
+    assert history["type"] == "history" and history["seconds"] == 60.0 and history["coarse_step"] == 10.0
+    (uuid, gpu), = history["gpus"].items()
+    assert uuid == h200(0).uuid and len(gpu["t"]) >= 3
+    assert gpu["memory_used"][-1] == 3 * GIB and gpu["memory_total"][-1] == 141 * GIB
+    assert gpu["t"][-1] <= (await read_json(late))["time"]  # then the snapshots, newer than the history
+    # the same for scripts, over REST; and a span that is not a number gets a 400 that says what to ask
+    rest = await get_json(jp_fetch, "gpuctx", "api", "history", params={"seconds": "60"})
+    assert list(rest["gpus"]) == [uuid] and rest["type"] == "history"
+    code, body = await refused(jp_fetch, "gpuctx", "api", "history", params={"seconds": "soon"})
+    assert code == 400 and body["message"].startswith("seconds='soon' is not a number of seconds")
+    code, body = await refused(jp_ws_fetch, "gpuctx", "api", "stream", params={"history": "all"})
+    assert code == 400 and "history='all'" in body["message"]
+    watching.close()
+    late.close()
+
+
+@pytest.mark.parametrize("gpuctx_traits", [{"history_seconds": 0}])
+async def test_without_history_the_stream_is_as_it_was(jp_fetch, jp_ws_fetch, gpuctx_traits):
+    ws = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.5", "history": "60"})
+    assert "history" not in await read_json(ws)
+    assert (await read_json(ws))["type"] == "snapshot"
+    code, body = await refused(jp_fetch, "gpuctx", "api", "history")
+    assert code == 404 and "history_seconds = 0" in body["message"]
+    ws.close()
+
+
+async def test_link_throughput_is_read_only_while_a_client_asks_for_it(jp_fetch, jp_ws_fetch, jp_serverapp,
+                                                                      monkeypatch):
+    from gpuctx_jupyter.core.nvml import LinkCounters
+
+    record = h200(0)
+    reads = []
+
+    def counters():
+        reads.append(time.monotonic())
+        return [LinkCounters(record.uuid, t=time.monotonic(), pcie_tx=2e9, pcie_rx=1e9, nvlink_tx=len(reads) * GIB,
+                             nvlink_rx=0, nvlink_links=18)]
+
+    monkeypatch.setattr(nvml, "read_records", lambda: [record])
+    monkeypatch.setattr(nvml, "read_link_counters", counters)
+    links = extension.of(jp_serverapp).history.links
+    plain = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.5"})
+    await read_json(plain)
+    assert "links" not in (await read_json(plain))["devices"][0]
+    await links.round()
+    assert reads == []  # nobody asked: NVML's 20 ms PCIe query is never made
+    dashboard = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.5", "throughput": "1"})
+    assert await wait_until(lambda: reads, timeout=10)  # asked at once, not an interval later
+    snap = await read_json(dashboard)
+    while snap["type"] != "snapshot" or "links" not in snap["devices"][0]:
+        snap = await read_json(dashboard)
+    assert snap["devices"][0]["links"]["pcie_tx"] == 2e9 and snap["links_status"] == {"interval": 5.0, "reason": None}
+    dashboard.close()
+    assert await wait_until(lambda: not links.wanted, timeout=10)
+    count = len(reads)
+    await links.round()
+    assert len(reads) == count  # its client left: no more reads
+    plain.close()
+
+
+async def test_each_kernels_host_memory_and_cpu_are_in_the_snapshot(jp_fetch, jp_ws_fetch):
+    kid = await start_kernel(jp_fetch)
+    ws = await jp_ws_fetch("gpuctx", "api", "stream", params={"interval": "0.5"})
+    await read_json(ws)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        snap = await read_json(ws)
+        usage = (snap.get("host") or {}).get("kernels", {}).get(kid)
+        if usage:
+            break
+    assert usage and usage["memory"] > 10 * 2**20 and usage["processes"] >= 1 and usage["cpu_percent"] >= 0
+    host = snap["host"]
+    assert host["memory_total"] > host["memory_used"] > 0 and host["cpu_count"] >= 1 and host["interval"] == 2.0
+    ws.close()
 
 
 # -- the per-kernel view ---------------------------------------------------------------------

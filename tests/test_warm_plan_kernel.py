@@ -221,3 +221,20 @@ def test_the_warm_up_starts_after_the_first_kernel_info_reply(tmp_path):
         assert hooked.stdout.strip() == "False"  # the one-shot hook has put the handler back
     finally:
         stop(km, kc)
+
+
+def test_a_torch_compile_notebook_gets_inductor_warmed_on_the_cpu_where_no_gpu_is(tmp_path):
+    """Without a GPU, the compile step runs inductor's CPU backend the same way (dynamo, inductor's
+    import and code generation, the C++ compiler's first use): the notebook's own compile then
+    finds it all loaded."""
+    nb = tmp_path / "nb.ipynb"
+    notebook(nb, ["import torch", "f = torch.compile(torch.nn.Linear(4, 4))\ny = f(torch.randn(2, 4))"])
+    km, kc = kernel(tmp_path, nb)
+    try:
+        out = plan_of(kc, wait=240)
+        step = next(s for s in out["plan"]["steps"] if s["name"].startswith("compile a tiny model"))
+        assert step["state"] == "done" and step["name"].endswith("on the CPU"), step
+        r = run(kc, "import sys; print('torch._inductor' in sys.modules)")
+        assert r.stdout.strip() == "True"
+    finally:
+        stop(km, kc)

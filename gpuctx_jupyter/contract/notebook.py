@@ -47,6 +47,9 @@ SIGNALS = {
                             r"Decoder)?(?:Layer)?\(|\btransformers\b"),
     "compile": re.compile(r"\btorch\.compile\(|\btorch\.jit\.(?:script|trace)\(|@torch\.compile\b"),
     "jax_jit": re.compile(r"\bjax\.jit\b|@jit\b|\bjit\(|\bjax\.grad\b|\bgrad\("),
+    # a line that puts work on a GPU: its cell is the notebook's first GPU cell
+    "gpu_work": re.compile(r"\.cuda\(|\.to\(\s*(?:device|['\"]cuda)|\bdevice\s*=|['\"]cuda(?::\d+)?['\"]|"
+                           r"\bcp\.\w+\(|\bcupy\.\w+\(|\bjnp\.\w+\(|\bjax\.device_put\b"),
     "numba_cuda": re.compile(r"\bnumba\.cuda\b|\bfrom numba import\b.*\bcuda\b|\bcuda\.jit\b"),
     "cupy_kernel": re.compile(r"\bcupy\.(?:RawKernel|ElementwiseKernel|ReductionKernel|fuse)\b|\bcp\.(?:RawKernel|"
                               r"ElementwiseKernel|ReductionKernel|fuse)\b"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from types import ModuleType
 
 from .devices import GpuProcess, GpuRecord
@@ -187,6 +188,93 @@ def _read_device(
         persistence_mode=None if persistence is None else persistence == nv.NVML_FEATURE_ENABLED,
         error=read.error,
     )
+
+
+@dataclass(frozen=True)
+class LinkCounters:
+    """What one GPU moved over its links, as NVML reports it: PCIe throughput in bytes/s (NVML
+    samples it over ~20 ms), NVLink data moved so far in bytes (a counter: the rate is its change
+    between two reads). None where NVML does not report it (no NVLink, a MIG instance, a driver
+    without the field)."""
+
+    uuid: str
+    t: float  # time.monotonic() of the read
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_tx: int | None = None
+    nvlink_rx: int | None = None
+    nvlink_links: int = 0  # active NVLinks (0: none, or not reported)
+
+
+_active_links: dict[str, tuple[int, ...]] = {}  # uuid -> its active NVLinks, found once per device
+
+
+def read_link_counters() -> list[LinkCounters]:
+    """PCIe throughput and NVLink counters of every GPU (not MIG instances), NVML index order.
+
+    Slow: each PCIe query blocks ~20 ms (NVML samples the bus for it), so a
+    read of 8 GPUs takes ~320 ms. Call it rarely and off any event loop (the server reads it every
+    few seconds in an executor, only while a GPU dashboard is open); never from the sampler's
+    loop. Raises NvmlUnavailable when NVML itself is unusable; a device or field that fails gives
+    None for what it could not read.
+    """
+    nv = init()
+    try:
+        count = nv.nvmlDeviceGetCount()
+    except nv.NVMLError as e:
+        raise _forget(_reason(nv, e)) from e
+    out = []
+    for index in range(count):
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+        except nv.NVMLError:
+            continue
+        read = _Reader(nv, handle)
+        uuid = _text(read(nv.nvmlDeviceGetUUID))
+        if not uuid:
+            continue
+        tx = read(nv.nvmlDeviceGetPcieThroughput, nv.NVML_PCIE_UTIL_TX_BYTES)
+        rx = read(nv.nvmlDeviceGetPcieThroughput, nv.NVML_PCIE_UTIL_RX_BYTES)
+        links = _links(nv, handle, uuid)
+        nvl_tx = nvl_rx = None
+        if links:
+            fields = [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, link) for link in links] + \
+                     [(nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, link) for link in links]
+            values = read(nv.nvmlDeviceGetFieldValues, fields)
+            if values is not None:
+                kib = [_field_value(nv, v) for v in values]
+                if all(v is not None for v in kib):
+                    nvl_tx = sum(kib[:len(links)]) * 1024
+                    nvl_rx = sum(kib[len(links):]) * 1024
+        out.append(LinkCounters(uuid=uuid, t=time.monotonic(),
+                                pcie_tx=None if tx is None else tx * 1024.0,  # NVML says KB/s
+                                pcie_rx=None if rx is None else rx * 1024.0,
+                                nvlink_tx=nvl_tx, nvlink_rx=nvl_rx, nvlink_links=len(links)))
+    return out
+
+
+def _links(nv: ModuleType, handle, uuid: str) -> tuple[int, ...]:
+    """The device's active NVLinks (µs per link; asked once per device and remembered)."""
+    if uuid not in _active_links:
+        active = []
+        for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                state = nv.nvmlDeviceGetNvLinkState(handle, link)
+            except nv.NVMLError:
+                break  # past the device's last link, or no NVLink at all
+            if state == nv.NVML_FEATURE_ENABLED:
+                active.append(link)
+        _active_links[uuid] = tuple(active)
+    return _active_links[uuid]
+
+
+def _field_value(nv: ModuleType, value) -> int | None:
+    if value.nvmlReturn != nv.NVML_SUCCESS:
+        return None
+    kinds = {nv.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal", nv.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+             nv.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal", nv.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal"}
+    name = kinds.get(value.valueType)
+    return int(getattr(value.value, name)) if name else None
 
 
 def _device_error(error: Exception) -> str:

@@ -92,6 +92,12 @@ class Sampler:
     def listeners(self) -> int:
         return len(self._listeners)
 
+    @property
+    def interval(self) -> float | None:
+        """How often it samples now: the fastest listener's interval (None while nobody listens)."""
+        with self._lock:
+            return min((lis.interval for lis in self._listeners.values()), default=None)
+
     def subscribe(self, callback, interval: float = 1.0) -> int:
         """Call `callback(sample)` about every `interval` s from the sampler thread; returns a token."""
         with self._lock:

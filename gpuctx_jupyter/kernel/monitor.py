@@ -3,8 +3,15 @@
 Every monitor in a kernel shares the process's one sampler thread; a monitor only turns the
 sampler's reads into widget updates (comm messages, which flow while other cells run). `stop()`
 ends the updates and keeps the last frame on screen, saying "stopped"; `close()` also closes every
-widget of the monitor (children, layouts, styles), so nothing is left for the frontend to look up.
-The sampler stops with the last listener.
+widget of the monitor (children, layouts, styles), so nothing is left for the frontend to look up,
+and leaves in its place a static picture of its last frame (HTML and text, no widget): the same
+picture replaces a live monitor when its kernel shuts down or restarts. So a saved notebook
+reopens with the last picture, never with "Error displaying widget: model not found". The
+sampler stops with the last listener.
+
+The bars are HTML with `role="meter"` and their values for screen readers; the chart has its
+scales written on it (0–100 % on the left, 0 to the GPU's memory on the right, the time span
+below) and breaks its lines where no sample was taken.
 
 Colours come from the JupyterLab theme (CSS variables, with fallbacks for the classic notebook):
 utilisation is `--jp-brand-color1` and memory `--jp-accent-color1`, as in the GPU panel.
@@ -15,8 +22,10 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import threading
 import time
+import uuid
 import weakref
 
 import ipywidgets as widgets
@@ -42,39 +51,109 @@ REPLAY_STYLE = ("background:var(--jp-warn-color3, #ffe0b2);border:2px solid var(
 NO_FRONTEND = "gpuctx monitor: widgets need a notebook frontend (JupyterLab, Notebook 7, VS Code)"
 
 
-def sparkline(points: list[Point], now: float, window: float, total_memory: int | None,
-              width: int = 240, height: int = 40) -> str:
-    """An inline SVG of utilisation (solid) and memory (dashed) over the last `window` seconds, in
-    the theme's colours: the SVG names them once as custom properties, as the panel's CSS does
-    (CSS variables work in `style`, not in SVG presentation attributes)."""
-    def x(t):
-        return width * (1 - (now - t) / window)
+AXIS_COLOR = "var(--jp-ui-font-color2, rgba(0, 0, 0, 0.54))"  # 4.6:1 on the light theme's page
+GAP_MIN_S = 3.0  # as the panel: samples further apart than this (and 2.5 intervals) have a gap between
 
-    def line(values, style):
-        pts = [(x(p.t), height * (1 - v)) for p, v in values if v is not None]
-        if len(pts) < 2:
-            return ""
-        coords = " ".join(f"{a:.1f},{b:.1f}" for a, b in pts)
-        return f"<polyline fill='none' points='{coords}' {style}/>"
+
+def _segments(values: list[tuple[float, float | None]], gap: float) -> list[list[tuple[float, float]]]:
+    """Runs of (t, value) with no missing value and no gap longer than `gap` seconds inside."""
+    runs: list[list[tuple[float, float]]] = [[]]
+    last_t = None
+    for t, v in values:
+        if v is None or (last_t is not None and t - last_t > gap):
+            if runs[-1]:
+                runs.append([])
+        if v is not None:
+            runs[-1].append((t, v))
+        last_t = t
+    return [r for r in runs if r]
+
+
+def sparkline(points: list[Point], now: float, window: float, total_memory: int | None,
+              interval: float = 1.0, width: int = 260, height: int = 64) -> str:
+    """An inline SVG of utilisation (solid, 0–100 % on the left) and memory (dashed, 0 to the GPU's
+    memory on the right) over the last `window` seconds, with its scales and time span written
+    on it, and a break in the lines where no sample was taken. In the theme's colours: the SVG
+    names them once as custom properties, as the panel's CSS does (CSS variables work in
+    `style`, not in SVG presentation attributes)."""
+    left, right, top, bottom = 32, width - 46, 4, height - 16
+
+    def x(t):
+        return left + (right - left) * (1 - (now - t) / window)
+
+    def y(v):
+        return bottom - (bottom - top) * v
+
+    gap = max(GAP_MIN_S, 2.5 * interval)
+
+    def lines(values, style):
+        out = []
+        for run in _segments(values, gap):
+            if len(run) < 2:
+                continue
+            coords = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in run)
+            out.append(f"<polyline fill='none' points='{coords}' {style}/>")
+        return "".join(out)
 
     shown = [p for p in points if now - p.t <= window]
-    util = [(p, None if p.utilization is None else p.utilization / 100) for p in shown]
-    mem = [(p, None if p.memory_used is None or not total_memory else p.memory_used / total_memory) for p in shown]
-    return (f"<svg width='{width}' height='{height}' role='img' aria-label='utilisation (solid) and memory "
-            f"(dashed), last {window:.0f} s' style='--gpuctx-util-color:{UTIL_COLOR};"
-            f"--gpuctx-memory-color:{MEMORY_COLOR};background:{TRACK_COLOR}'>"
-            + line(util, "style='stroke:var(--gpuctx-util-color)' stroke-width='1.5'")
-            + line(mem, "style='stroke:var(--gpuctx-memory-color)' stroke-width='1.5' stroke-dasharray='3 2'")
+    util = [(p.t, None if p.utilization is None else p.utilization / 100) for p in shown]
+    mem = [(p.t, None if p.memory_used is None or not total_memory else p.memory_used / total_memory)
+           for p in shown]
+    text = f"style='fill:{AXIS_COLOR}' font-size='9' font-family='var(--jp-ui-font-family, sans-serif)'"
+    grid = "".join(f"<line x1='{left}' x2='{right}' y1='{y(v):.1f}' y2='{y(v):.1f}' "
+                   "style='stroke:var(--jp-border-color2, #e0e0e0)' stroke-width='1'/>" for v in (0.5,))
+    total = html.escape(gib(total_memory)) if total_memory else "–"
+    labels = (f"<text x='{left - 3}' y='{top + 6}' text-anchor='end' {text}>100%</text>"
+              f"<text x='{left - 3}' y='{bottom}' text-anchor='end' {text}>0%</text>"
+              f"<text x='{right + 3}' y='{top + 6}' {text}>{total}</text>"
+              f"<text x='{right + 3}' y='{bottom}' {text}>0</text>"
+              f"<text x='{left}' y='{height - 3}' {text}>−{window:.0f} s</text>"
+              f"<text x='{right}' y='{height - 3}' text-anchor='end' {text}>now</text>")
+    return (f"<svg width='{width}' height='{height}' role='img' aria-label='utilisation (solid, 0 to 100%) and "
+            f"memory (dashed, 0 to {total}), last {window:.0f} s' style='--gpuctx-util-color:{UTIL_COLOR};"
+            f"--gpuctx-memory-color:{MEMORY_COLOR}'>"
+            f"<rect x='{left}' y='{top}' width='{right - left}' height='{bottom - top}' style='fill:{TRACK_COLOR}'/>"
+            + grid + labels
+            + lines(util, "style='stroke:var(--gpuctx-util-color)' stroke-width='1.5'")
+            + lines(mem, "style='stroke:var(--gpuctx-memory-color)' stroke-width='1.5' stroke-dasharray='3 2'")
             + "</svg>")
 
 
+def meter(label: str, fraction: float | None, text: str, spoken: str, color: str) -> str:
+    """A labelled bar, as the panel draws it: the label and value above, the bar under them, a
+    `role="meter"` with its value for screen readers."""
+    percent = 0.0 if fraction is None else min(100.0, max(0.0, fraction * 100))
+    return (f"<div style='margin:0 0 4px'><div style='display:flex;justify-content:space-between;gap:8px;"
+            f"color:{TEXT_COLOR}'><span>{html.escape(label)}</span><span>{html.escape(text)}</span></div>"
+            f"<div role='meter' aria-label='{html.escape(spoken, quote=True)}' aria-valuemin='0' "
+            f"aria-valuemax='100' aria-valuenow='{percent:.0f}' aria-valuetext='{html.escape(text, quote=True)}' "
+            f"style='height:10px;background:{TRACK_COLOR};border:1px solid rgba(127,127,127,0.5);"
+            f"border-radius:2px;box-sizing:border-box;overflow:hidden'>"
+            f"<div style='width:{percent:.1f}%;height:100%;background:{color}'></div></div></div>")
+
+
+def meters_html(v: dict) -> str:
+    """The card's utilisation and memory bars (error-coloured when the GPU errs)."""
+    util_color = ERROR_COLOR if v["error"] else UTIL_COLOR
+    mem_color = ERROR_COLOR if v["error"] else MEMORY_COLOR
+    total = v["memory_total"]
+    memory = f"{gib(v['memory_used'])} / {gib(total)}" if total else gib(v["memory_used"])
+    fraction = (v["memory_used"] or 0) / total if total else None
+    util = None if v["utilization"] is None else v["utilization"] / 100
+    return ("<div style='min-width:14em;max-width:32em;flex:1 1 14em'>"
+            + meter("Utilisation", util, pct(v["utilization"]), f"utilisation of {v['name']}", util_color)
+            + meter("Memory", fraction, memory, f"memory of {v['name']}", mem_color)
+            + "</div>")
+
+
 def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: float, pids: set[int],
-              live: bool = True) -> dict:
+              live: bool = True, interval: float = 1.0) -> dict:
     """Everything one GPU's card shows, as plain values (built without widgets: testable)."""
     r = dev.record
     mine = [p for p in r.processes if p.pid in pids]
     view = {
         "title": f"cuda:{dev.ordinal} · {r.name} (nvidia-smi {r.nvml_index})",
+        "name": f"cuda:{dev.ordinal}",
         "error": r.error,
         "utilization": r.utilization,
         "memory_used": r.memory_used,
@@ -85,7 +164,7 @@ def card_view(dev: VisibleDevice, sample: Sample, history: list[Point], window: 
         "processes": [{"pid": p.pid, "memory": p.used_memory, "mine": p.pid in pids} for p in r.processes],
         "this_kernel_nvml": sum(p.used_memory or 0 for p in mine) if mine else None,
         "allocator": None,
-        "svg": sparkline(history, sample.t, window, r.memory_total),
+        "svg": sparkline(history, sample.t, window, r.memory_total, interval),
     }
     torch = fws.TORCH
     if live and torch.loaded() and torch.initialized() and dev.ordinal < torch.device_count():
@@ -111,14 +190,12 @@ def numbers_text(v: dict) -> str:
 class _Card(widgets.VBox):
     def __init__(self):
         self.title = widgets.HTML()
-        self.util = widgets.FloatProgress(min=0, max=100, description="util", bar_style="success",
-                                          style={"bar_color": UTIL_COLOR})
-        self.mem = widgets.FloatProgress(min=0, max=1, description="memory", bar_style="info",
-                                         style={"bar_color": MEMORY_COLOR})
+        self.meters = widgets.HTML(layout=widgets.Layout(flex="1 1 14em"))
         self.numbers = widgets.HTML()
         self.plot = widgets.HTML()
         self.procs = widgets.HTML()
-        super().__init__([self.title, widgets.HBox([widgets.VBox([self.util, self.mem]), self.plot]),
+        super().__init__([self.title, widgets.HBox([self.meters, self.plot],
+                                                   layout=widgets.Layout(flex_flow="row wrap", align_items="center")),
                           self.numbers, self.procs],
                          layout=widgets.Layout(border="1px solid rgba(127,127,127,0.3)", padding="4px",
                                                margin="2px 0"))
@@ -127,16 +204,8 @@ class _Card(widgets.VBox):
         title = f"<b>{html.escape(v['title'])}</b>"
         if v["error"]:
             title += f" <span style='color:{ERROR_COLOR}'>error: {html.escape(v['error'])}</span>"
-            self.util.bar_style = self.mem.bar_style = "danger"
-            self.util.style.bar_color = self.mem.style.bar_color = ERROR_COLOR
-        else:
-            self.util.bar_style, self.mem.bar_style = "success", "info"
-            self.util.style.bar_color, self.mem.style.bar_color = UTIL_COLOR, MEMORY_COLOR
         self.title.value = title
-        self.util.value = v["utilization"] or 0
-        if v["memory_total"]:
-            self.mem.max = v["memory_total"]
-            self.mem.value = min(v["memory_used"] or 0, v["memory_total"])
+        self.meters.value = meters_html(v)
         self.numbers.value = html.escape(numbers_text(v))
         self.plot.value = v["svg"]
         rows = "".join(
@@ -145,6 +214,12 @@ class _Card(widgets.VBox):
             for p in v["processes"])
         self.procs.value = (f"<table><tr><th>pid</th><th>GPU memory</th><th></th></tr>{rows}</table>"
                             if rows else "<i>no processes</i>")
+
+    def html(self) -> str:
+        """The card as one piece of static HTML: what a closed monitor leaves on the page."""
+        return (f"<div style='border:1px solid rgba(127,127,127,0.3);padding:4px;margin:2px 0'>{self.title.value}"
+                f"<div style='display:flex;flex-wrap:wrap;align-items:center;gap:8px'>{self.meters.value}"
+                f"{self.plot.value}</div><div>{self.numbers.value}</div>{self.procs.value}</div>")
 
 
 def widget_tree(root: widgets.Widget) -> list[widgets.Widget]:
@@ -178,7 +253,7 @@ class GpuMonitor(widgets.VBox):
         self.stopped = False
         self.last_sample: Sample | None = None
         self._headline = ""  # the status line's first part, kept when the monitor stops
-        self.status = widgets.HTML(self._header("waiting for the first sample…"),
+        self.status = widgets.HTML(self._header("gpuctx monitor · no sample yet"),
                                    layout=widgets.Layout(flex="1 1 auto"))
         # A fixed width let a long status line squeeze the label to "st…": size it to its text.
         self.stop_button = widgets.Button(description="stop", tooltip="stop updating; the last frame stays",
@@ -190,6 +265,8 @@ class GpuMonitor(widgets.VBox):
         self._own = inventory.OwnPids()
         self._displayed_at: int | None = None
         self._cell: str | None = None  # the notebook cell that displayed it
+        self.display_id: str | None = None  # its outputs, replaced by a static picture when it ends
+        self._texts: list[str] = []  # the last frame's cards, as text
         top = [widgets.HBox([self.status, self.stop_button], layout=widgets.Layout(align_items="center")),
                self.details, self._body]
         # The replay label is said before anything else, and built once: it never changes.
@@ -218,6 +295,7 @@ class GpuMonitor(widgets.VBox):
         stamp = time.strftime("%H:%M:%S", time.localtime(sample.t))
         reason = inv.no_gpu_reason()
         if reason:
+            self._texts = [f"No GPU is visible: {' '.join(reason.split())}"]
             self._headline = f"<b>No GPU is visible</b>: {html.escape(' '.join(reason.split()))}"
             self.status.value = self._header(f"{self._headline} <span style='white-space:nowrap'>(checked {stamp})"
                                              "</span>")
@@ -232,12 +310,16 @@ class GpuMonitor(widgets.VBox):
         self.status.value = self._header(
             self._headline + html.escape(f" · every {self.interval:g} s · last {self.window:g} s · {stamp}"))
         fresh = False
+        texts: list[str] = []
         for d in devices:
             if d.record.uuid not in self.cards:
                 self.cards[d.record.uuid] = _Card()
                 fresh = True
-            self.cards[d.record.uuid].show(card_view(d, sample, self.sampler.history.of(d.record.uuid),
-                                                     self.window, pids, live=self.replay is None))
+            view = card_view(d, sample, self.sampler.history.of(d.record.uuid), self.window, pids,
+                             live=self.replay is None, interval=self.interval)
+            self.cards[d.record.uuid].show(view)
+            texts.append(f"{view['title']}: {numbers_text(view)}")
+        self._texts = texts
         if fresh or len(self._body.children) != len(devices):
             self._body.children = tuple(self.cards[d.record.uuid] for d in devices)
 
@@ -274,21 +356,59 @@ class GpuMonitor(widgets.VBox):
         with self._lock:
             if not self._halt():
                 return
-            now = time.strftime("%H:%M:%S")
-            if self.last_sample is None:
-                text = html.escape(f"gpuctx monitor · stopped at {now}, before the first sample")
-            else:
-                last = time.strftime("%H:%M:%S", time.localtime(self.last_sample.t))
-                text = self._headline + html.escape(f" · stopped at {now}: the last sample, from {last}, stays shown")
-            self.status.value = self._header(text, mark=True)
+            self.status.value = self._header(self._ended("stopped"), mark=True)
             self.stop_button.description = "close"
             self.stop_button.tooltip = "remove this stopped monitor"
 
+    def _ended(self, how: str) -> str:
+        """The status line of a monitor that no longer updates (HTML): what its last frame shows."""
+        now = time.strftime("%H:%M:%S")
+        if self.last_sample is None:
+            return html.escape(f"gpuctx monitor · {how} at {now}, before the first sample")
+        last = time.strftime("%H:%M:%S", time.localtime(self.last_sample.t))
+        if self.last_sample.inventory.no_gpu_reason():  # no GPU sample was ever shown
+            return self._headline + html.escape(f" · {how} at {now} (last checked {last})")
+        return self._headline + html.escape(f" · {how} at {now}: the last sample, from {last}, stays shown")
+
+    def snapshot(self, how: str = "closed") -> dict:
+        """The last frame as static display data: HTML (the replay label, the status line, the
+        cards) and text (one line per GPU), with no widget in it."""
+        status = self._header(self._ended(how), mark=True)
+        parts = [replay_banner(self.replay)] if self.replay else []
+        parts.append(f"<div>{status}</div>")
+        parts += [card.html() for card in self._body.children]
+        text = [replay_text(self.replay)] if self.replay else []
+        text.append(html.unescape(re.sub(r"<[^>]+>", "", self._ended(how))))
+        text += self._texts if self.last_sample is not None else []
+        return {"text/html": "<div class='gpuctx-monitor-snapshot'>" + "".join(parts) + "</div>",
+                "text/plain": "\n".join(text)}
+
+    def leave_picture(self, how: str = "closed") -> bool:
+        """Replace every output showing this monitor with `snapshot(how)` (an update of its
+        display, which the page applies to the cell that shows it, whichever cell runs now);
+        False when it was never displayed through a kernel."""
+        if self.display_id is None:
+            return False
+        from IPython import get_ipython
+
+        ip = get_ipython()
+        pub = getattr(ip, "display_pub", None) if ip is not None else None
+        if pub is None:
+            return False
+        try:
+            pub.publish(self.snapshot(how), metadata={}, transient={"display_id": self.display_id}, update=True)
+        except Exception:  # noqa: BLE001 — a picture is a nicety; closing must go on
+            return False
+        return True
+
     def close(self) -> None:
-        """Stop updates (the sampler stops with the last monitor) and close every widget of the
-        monitor, so that none is left open in the kernel or looked up by the frontend."""
+        """Stop updates (the sampler stops with the last monitor), leave a static picture of the
+        last frame in its place, and close every widget of the monitor, so that none is left open
+        in the kernel or looked up by the frontend."""
         with self._lock:  # after this, no update is under way or to come
             self._halt()
+        if self in _open:  # the first close: a second has nothing left to picture
+            self.leave_picture("closed")
         _open.discard(self)
         # Cards of GPUs that went away are no longer in the tree, but still open.
         for root in (self, *self.cards.values()):
@@ -304,7 +424,7 @@ class GpuMonitor(widgets.VBox):
         if ip is not None and self._displayed_at == ip.execution_count:
             self._displayed_at = None
             return
-        display(self.bundle(), raw=True)
+        display(self.bundle(), raw=True, **({"display_id": self.display_id} if self.display_id else {}))
 
     def bundle(self) -> dict:
         """The widget's display data, whose text/plain (shown where widgets are not drawn: a
@@ -396,8 +516,10 @@ def monitor(*specs, interval: float = 1.0, history: float = 60.0, replay=None) -
             old.close()
     mon = GpuMonitor(specs, interval=interval, history=history, replay=replay)
     mon._cell = cell
-    display(mon.bundle(), raw=True)
+    mon.display_id = f"gpuctx-monitor-{uuid.uuid4().hex}"
+    display(mon.bundle(), raw=True, display_id=mon.display_id)
     mon._displayed_at = ip.execution_count
+    _leave_pictures_at_shutdown(ip)
     return mon
 
 
@@ -409,6 +531,29 @@ def _cell_id(ip) -> str | None:
     except Exception:
         return None
     return ((parent or {}).get("metadata") or {}).get("cellId")
+
+
+def _leave_pictures_at_shutdown(ip) -> None:
+    """When the kernel is asked to shut down or restart, every open monitor leaves a static
+    picture of its last frame in its place first (ipykernel's `do_shutdown`, on its control
+    thread, before the kernel replies and exits). Installed once per kernel."""
+    kernel = getattr(ip, "kernel", None)
+    if kernel is None or getattr(kernel, "_gpuctx_monitor_pictures", False):
+        return
+    original = kernel.do_shutdown
+
+    def do_shutdown(restart):
+        for mon in list(_open):
+            try:
+                with mon._lock:
+                    mon._halt()
+                mon.leave_picture("kernel restarted" if restart else "kernel shut down")
+            except Exception:  # noqa: BLE001 — never keep a kernel from shutting down
+                pass
+        return original(restart)
+
+    kernel.do_shutdown = do_shutdown
+    kernel._gpuctx_monitor_pictures = True
 
 
 def close_all() -> None:

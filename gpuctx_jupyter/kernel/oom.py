@@ -300,12 +300,21 @@ def _fixes(oom, ordinal, device, inv, figures, shares, held, prealloc, holders) 
         grabbed = int(prealloc * device.record.memory_total)
         fixes.append(Fix("XLA_PYTHON_CLIENT_PREALLOCATE=false in the kernel's environment, then restart "
                          f"(JAX holds ~{gib(grabbed)} here)", grabbed, enough(grabbed), 3))
-    fixes.sort(key=lambda f: (not f.enough, f.cost, -(f.frees or 0)))
-    # Releasing a notebook's cache, or suspending it, when that is enough makes shutting it down
-    # pointless (and a release that is enough makes its suspend pointless): keep the gentler.
-    released = {f.holder for f in fixes if f.enough and f.holder and f.command.startswith("release")}
+    # A fix is listed only where it can cover the request: releasing 1 MiB is no fix for 40 GiB.
+    # Caches that each fall short may still do together: then that is one fix.
+    releases = [f for f in fixes if f.cost <= 1 and not f.enough and f.frees]
+    together = sum(f.frees for f in releases)
+    if len(releases) > 1 and enough(together):
+        names = ", ".join("`%gpu free` here" if f.holder is None else f.command.split(" (")[0].replace(
+            "release the cache of ", "the Release button of ") for f in releases)
+        fixes.append(Fix(f"together, {names} — {gib(together)}, their variables stay", together, True, 1))
+    fixes = [f for f in fixes if f.enough]
+    fixes.sort(key=lambda f: (f.cost, -(f.frees or 0)))
+    # Releasing a notebook's cache, or suspending it, makes shutting it down pointless (and a release
+    # makes its suspend pointless): keep the gentler.
+    released = {f.holder for f in fixes if f.holder and f.command.startswith("release")}
     fixes = [f for f in fixes if not (f.holder in released and f.command.startswith("suspend"))]
-    gentle = released | {f.holder for f in fixes if f.enough and f.holder and f.command.startswith("suspend")}
+    gentle = released | {f.holder for f in fixes if f.holder and f.command.startswith("suspend")}
     fixes = [f for f in fixes if not (f.holder in gentle and f.command.startswith("shut down"))]
     asked = f" (this one asked for {gib(oom.requested)})" if oom.requested else ""
     return fixes[:MAX_FIXES - 1] + [Fix(f"a smaller batch or model{asked}", None, False, 9)]

@@ -95,6 +95,16 @@ class GpuctxServer(Configurable):
         clamped to this, so that a client always sees the stream is alive.""",
     ).tag(config=True)
 
+    history_seconds = Float(
+        3600.0,
+        help="""Seconds of GPU history the server keeps for the GPU panel and dashboard (utilisation,
+        memory and each notebook's share, temperature, power, link throughput, host CPU and
+        memory), sent to a page when it connects so that a reload shows the last minutes at once.
+        Full resolution for the last ten minutes, 10 s steps beyond; about 80 KiB of arrays per
+        GPU for an hour. It keeps what the server samples for its viewers: time when no page watched is a
+        gap. 0: no history.""",
+    ).tag(config=True)
+
     expose_gpus = List(
         Unicode(),
         help="""The GPUs that the server's GPU API, stream and /metrics show, as device specs
@@ -287,6 +297,21 @@ class GpuctxServer(Configurable):
         XLA_PYTHON_CLIENT_ALLOCATOR; `%gpu doctor` says which applies. True: JAX's default.""",
     ).tag(config=True)
 
+    jax_compilation_cache = Unicode(
+        "",
+        help="""JAX's persistent compilation cache for kernels this server starts: XLA keeps what it
+        compiled on disk, so a notebook's jit cells compile in a fraction of the time when it runs
+        again (after a restart, another day). Empty (default): a folder of the user's cache
+        ($XDG_CACHE_HOME or ~/.cache)/gpuctx/jax; a path: that folder; "off": no cache. A kernel
+        whose environment sets JAX_COMPILATION_CACHE_DIR keeps it.""",
+    ).tag(config=True)
+
+    jax_compilation_cache_max_gib = Float(
+        4.0,
+        help="""The largest the JAX compilation cache may grow, in GiB (JAX evicts the least recently
+        used entries beyond it). 0: no bound.""",
+    ).tag(config=True)
+
     cull_idle_gpu_kernels_after = Float(
         0.0,
         help="""Shut down kernels that hold GPU memory and have had no user activity for this many
@@ -346,7 +371,7 @@ class GpuctxServer(Configurable):
     ).tag(config=True)
 
     @validate("idle_holder_seconds", "release_idle_seconds", "release_idle_after", "cull_idle_gpu_kernels_after",
-              "cull_warning_seconds", "release_timeout", "pool_reserve_after")
+              "cull_warning_seconds", "release_timeout", "pool_reserve_after", "history_seconds")
     def _seconds(self, proposal):
         value = proposal.value
         if not math.isfinite(value) or value < 0 or (proposal.trait.name == "release_timeout" and value == 0):

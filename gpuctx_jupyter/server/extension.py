@@ -13,6 +13,8 @@ given what it needs through its constructor. Read this file to see how the piece
   lifecycle      lifecycle.Lifecycle: the one chain around the kernel manager (one action per
                  kernel at a time — suspend and resume among them —, gateway warm-ups, shutdown order)
   consumers      release.PressureRelease and culling.GpuCuller, run after each holders round
+  history        history.GpuHistory (the last hour for pages that connect), links.LinkReader
+                 (PCIe/NVLink while a dashboard asks), usage.HostUsage (host memory and CPU)
   API            gpu_api.GpuApi (the snapshot) and routes/ (REST and websocket), metrics.py
 """
 from __future__ import annotations
@@ -31,14 +33,17 @@ from .checkpointer import HelperCheckpointer
 from .config import GpuctxServer
 from .culling import GpuCuller
 from .gpu_api import GpuApi
+from .history import GpuHistory, StreamHistory
 from .holders import OOM_RELEASE_S, Holders
 from .launch import Launcher
+from .links import LinkReader
 from .lifecycle import Lifecycle
 from .notebooks import Notebooks
 from .import_profile import ImportProfile
 from .pool import Pool, profile_path
 from .reserve import Reserve
 from .tasks import Background
+from .usage import HostUsage
 
 # What gpuctx's control-channel requests cause: the request, its reply, and the busy/idle status
 # the kernel publishes with the request as parent. None of it is the user's activity.
@@ -62,6 +67,7 @@ class Server:
     culler: GpuCuller
     api: GpuApi
     suspend: suspend.SuspendManager
+    history: StreamHistory | None
 
 
 def of(serverapp) -> Server | None:
@@ -95,8 +101,10 @@ def load(serverapp) -> Server:
             pool = None
     if pool is not None:
         holders.standbys = lambda: pool.standbys
+    history = _history(serverapp, cfg, replay)
     lifecycle = Lifecycle(mkm, launcher, background, pool, gateway, suspend=suspender,
-                          on_shutdown=[holders.stop, suspender.stop, notebooks.close, lambda: provisioner.detach(mkm)])
+                          on_shutdown=[holders.stop, suspender.stop, notebooks.close, lambda: provisioner.detach(mkm),
+                                       *([history.stop] if history else [])])
     lifecycle.install()
 
     async def release_kernel(kernel_id: str) -> dict:
@@ -115,16 +123,20 @@ def load(serverapp) -> Server:
                        action=cfg.cull_idle_gpu_kernels_action)
     holders.consumers += [pressure, culler]
 
-    api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, suspender, reported)
+    api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, history, suspender,
+                 reported)
     routes.setup(serverapp.web_app, api)
     private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
     metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)
 
     holders.start(api.read)
     suspender.start(background)
+    if history is not None:
+        history.start()
     if pool is not None:
         pool.start()
-    server = Server(cfg, background, notebooks, launcher, holders, pool, lifecycle, pressure, culler, api, suspender)
+    server = Server(cfg, background, notebooks, launcher, holders, pool, lifecycle, pressure, culler, api, suspender,
+                    history)
     _servers[serverapp] = server
     log.info("gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
              ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,
@@ -132,6 +144,16 @@ def load(serverapp) -> Server:
               else f", warm pool of {cfg.pool_size} per kernelspec"),
              " — kernels behind a gateway are warmed by a first request" if gateway else "")
     return server
+
+
+def _history(serverapp, cfg: GpuctxServer, replay) -> StreamHistory | None:
+    """The last hour of every GPU, the dashboard's link readings and the host's usage (None: off)."""
+    if cfg.history_seconds <= 0:
+        return None
+    history = GpuHistory(cfg.history_seconds)
+    links = LinkReader(history, replay=replay is not None, log=serverapp.log)
+    usage = HostUsage(serverapp, history, watched=lambda: process_sampler().running)
+    return StreamHistory(history, links, usage)
 
 
 def _replay(cfg: GpuctxServer, log) -> Replay | None:

@@ -22,13 +22,14 @@ from .config import GpuctxServer
 
 class GpuApi:
     def __init__(self, serverapp, cfg: GpuctxServer, replay=None, launcher=None, pool=None, lifecycle=None,
-                 holders=None, pressure=None, culler=None, suspend=None, reported: dict | None = None):
+                 holders=None, pressure=None, culler=None, history=None, suspend=None, reported: dict | None = None):
         self.serverapp, self.cfg = serverapp, cfg
         self.sampler = process_sampler()
         self.replay = replay  # a trace.Replay: read from it, and label every snapshot
         self._read = replay.read if replay else inventory.take
         self.launcher, self.pool, self.lifecycle = launcher, pool, lifecycle
         self.holders, self.pressure, self.culler, self.suspend = holders, pressure, culler, suspend
+        self.history = history  # history.StreamHistory: sent to each stream client first (None: off)
         # kernel id -> (local pid, own pid): the PIDs kernels report, shared with the holders round
         self.reported: dict[str, tuple[int | None, int]] = reported if reported is not None else {}
         self._message: tuple[Sample | None, str] = (None, "")
@@ -88,6 +89,11 @@ class GpuApi:
                 self.suspend.annotate(snap)
             except Exception as exc:  # the snapshot stands without the extra fields
                 self.log_once("adding suspended kernels to the GPU snapshot", exc)
+        if self.history is not None:
+            try:
+                self.history.annotate(snap, sample, self.sampler)
+            except Exception as exc:  # the snapshot stands without the extra fields
+                self.log_once("adding the GPU history to the snapshot", exc)
         return snap
 
     def _add_holders(self, snap: dict) -> None:

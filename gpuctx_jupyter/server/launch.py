@@ -57,11 +57,27 @@ class Launched:
         return bool(self.settings)
 
 
-def kernel_env_defaults(env: Mapping[str, str], holders_file: str | None, jax_preallocate: bool) -> dict[str, str]:
+def jax_cache_dir(setting: str) -> str | None:
+    """The folder of JAX's persistent compilation cache for c.GpuctxServer.jax_compilation_cache."""
+    if setting.strip().lower() == "off":
+        return None
+    if setting.strip():
+        return os.path.expanduser(setting.strip())
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gpuctx", "jax")
+
+
+def kernel_env_defaults(env: Mapping[str, str], holders_file: str | None, jax_preallocate: bool,
+                        jax_cache: str | None = None, jax_cache_max_gib: float = 0.0) -> dict[str, str]:
     """What every kernel this server starts gets in its environment, on top of `env`: the holders
-    file's path, and XLA_PYTHON_CLIENT_PREALLOCATE=false unless the user's environment says
-    something about JAX's preallocation (or c.GpuctxServer.jax_preallocate is True)."""
+    file's path; XLA_PYTHON_CLIENT_PREALLOCATE=false unless the user's environment says
+    something about JAX's preallocation (or c.GpuctxServer.jax_preallocate is True); JAX's
+    persistent compilation cache in `jax_cache`, bounded, unless the environment names one."""
     out = {}
+    if jax_cache and "JAX_COMPILATION_CACHE_DIR" not in env:
+        out["JAX_COMPILATION_CACHE_DIR"] = jax_cache
+        out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"  # a first jit cell's compile counts
+        if jax_cache_max_gib > 0:
+            out["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(int(jax_cache_max_gib * 2**30))
     if holders_file:
         out[HOLDERS] = holders_file
     said = any(v in env for v in (contract.XLA_PREALLOCATE, contract.XLA_MEM_FRACTION, contract.XLA_ALLOCATOR))
@@ -92,7 +108,9 @@ class Launcher:
         keeps the originals for the next restart, which is prepared afresh). A standby of the pool
         keeps the warm settings the pool gave it."""
         env = dict(kwargs.get("env") or os.environ)
-        env.update(kernel_env_defaults(env, self.holders_file, self.cfg.jax_preallocate))
+        env.update(kernel_env_defaults(env, self.holders_file, self.cfg.jax_preallocate,
+                                       jax_cache_dir(self.cfg.jax_compilation_cache),
+                                       self.cfg.jax_compilation_cache_max_gib))
         out = dict(kwargs, env=env)
         if standby:
             out["extra_arguments"] = [*(kwargs.get("extra_arguments") or []), EXT_ARG]

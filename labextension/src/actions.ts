@@ -20,8 +20,8 @@ export interface IKernelActionSpec {
   /** Variables or a running cell may be lost: the dialog's button is a warning one. */
   destructive: boolean;
   /**
-   * On a GPU card's process rows, only for kernels that hold cached GPU memory or are idle
-   * holders (the notebook section always offers it, unless the kernel is suspended).
+   * Only for kernels that hold cached GPU memory or are idle holders (a process row's
+   * `canRelease`; the notebook section's model.notebookActions), and never while suspended.
    */
   onlyForHolders: boolean;
   /** Offered only where the kernel can be suspended (the server can, it is idle and holds GPU
@@ -31,7 +31,7 @@ export interface IKernelActionSpec {
 
 /** What decides which rows of the table a kernel's buttons show. */
 export interface IOfferContext {
-  /** On a GPU card's row: whether "Release cache" applies; null: the notebook section (all). */
+  /** Whether "Release cache" applies (see `onlyForHolders`); null: not known, offered. */
   holder: boolean | null;
   suspendable: boolean;
   suspended: boolean;

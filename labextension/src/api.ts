@@ -2,7 +2,7 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { IKernelView, ISnapshot } from './types';
+import { IHistoryMessage, IKernelView, ISnapshot } from './types';
 
 const API = 'gpuctx/api';
 
@@ -18,6 +18,11 @@ async function request<T>(settings: ServerConnection.ISettings, path: string, in
 
 export function fetchDevices(settings: ServerConnection.ISettings): Promise<ISnapshot> {
   return request<ISnapshot>(settings, 'devices');
+}
+
+/** GET /gpuctx/api/history?seconds=<s>: the server's history, as the stream's first message. */
+export function fetchHistory(settings: ServerConnection.ISettings, seconds: number): Promise<IHistoryMessage> {
+  return request<IHistoryMessage>(settings, `history?seconds=${encodeURIComponent(String(seconds))}`);
 }
 
 export function fetchKernelView(settings: ServerConnection.ISettings, kernelId: string): Promise<IKernelView> {
@@ -41,8 +46,18 @@ export function kernelAction(
  * The stream's websocket URL, built the way @jupyterlab/services builds a kernel's: from
  * `wsUrl`, with the token appended only where the settings say a cookie will not carry it.
  */
-export function streamUrl(settings: ServerConnection.ISettings, interval: number): string {
+export function streamUrl(
+  settings: ServerConnection.ISettings,
+  interval: number,
+  detail: { history: number; throughput: boolean } = { history: 0, throughput: false }
+): string {
   let url = URLExt.join(settings.wsUrl, API, 'stream') + `?interval=${encodeURIComponent(String(interval))}`;
+  if (detail.history > 0) {
+    url += `&history=${Math.round(detail.history)}`;
+  }
+  if (detail.throughput) {
+    url += '&throughput=1';
+  }
   if (settings.appendToken && settings.token) {
     url += `&token=${encodeURIComponent(settings.token)}`;
   }

@@ -21,10 +21,27 @@ import { actionSpec, actionWording, IActionWording, IKernelActionSpec } from './
 import { backoffDelay, IBackoffOptions } from './backoff';
 import { formatBytes, formatClock } from './format';
 import { DeviceHistory } from './history';
-import { IStatusView, kernelLabel, OUTAGE_TEXT, statusView } from './model';
+import {
+  connectionView,
+  IConnectionView,
+  IStatusView,
+  kernelLabel,
+  OUTAGE_TEXT,
+  panelView,
+  statusView
+} from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
 import { GpuStream, StreamState } from './stream';
-import { IKernelRef, IKernelView, IReleaseResult, IResumeResult, ISnapshot, ISuspended, KernelAction } from './types';
+import {
+  IHistoryMessage,
+  IKernelRef,
+  IKernelView,
+  IReleaseResult,
+  IResumeResult,
+  ISnapshot,
+  ISuspended,
+  KernelAction
+} from './types';
 
 /** The notebook in the main area's active tab, and its kernel. */
 export interface INotebookRef {
@@ -62,7 +79,12 @@ export interface IHealth {
   lastUpdate: number | null;
   /** The server does not answer (the stream is retrying, or a kernel-view request failed). */
   outage: boolean;
+  /** The one state every view shows: live, replay, stale for N s, offline, connecting. */
+  state: IConnectionView;
 }
+
+/** The longest range the GPU dashboard shows, s: what the page keeps while one is open. */
+export const DASHBOARD_SECONDS = 3600;
 
 /** A message for the user that does not need an answer (JupyterLab's notifications). */
 export interface INotice {
@@ -195,6 +217,8 @@ export class GpuController {
     this._poll.frequency = { interval: period, backoff: false, max: this._backoff.max };
     _options.stream.snapshotChanged.connect(this._onSnapshot, this);
     _options.stream.stateChanged.connect(this._onStreamState, this);
+    _options.stream.historyReceived.connect(this._onHistory, this);
+    this._applyDetail();
     _options.notebooks?.changed.connect(this._onNotebookChanged, this);
     this._notebook = _options.notebooks?.current() ?? null;
     this._viewKernel = this._notebook?.kernelId ?? null;
@@ -224,13 +248,22 @@ export class GpuController {
 
   get health(): IHealth {
     const stream = this._options.stream;
+    const offline = stream.state === 'waiting' || this._unreachable;
+    const snapshot = stream.snapshot;
     return {
       connection: stream.state,
       attempts: stream.attempts,
       stale: this._stale,
       lastUpdate: this._receivedAt,
       // A hung server keeps its socket open but says nothing: data that went stale is an outage too.
-      outage: stream.state === 'waiting' || this._unreachable || this._stale
+      outage: offline || this._stale,
+      state: connectionView({
+        offline,
+        staleFor: this._stale && this._receivedAt !== null ? (this._now() - this._receivedAt) / 1000 : null,
+        lastUpdate: this._receivedAt,
+        hasData: snapshot !== null,
+        replay: snapshot?.replay ? panelView({ ...snapshot, devices: [] }).replay : null
+      })
     };
   }
 
@@ -267,16 +300,40 @@ export class GpuController {
 
   /** The status-bar item as it should read now. */
   statusView(): IStatusView {
-    const health = this.health;
     return statusView({
       snapshot: this.snapshot,
       kernelId: this._notebook?.kernelId ?? null,
       kernelView: this._kernelView,
       warnPercent: this._settings.memoryWarningPercent,
-      stale: health.stale,
-      lastUpdate: health.lastUpdate,
-      outage: health.outage
+      connection: this.health.state
     });
+  }
+
+  /** The server's history arrived (the stream's first message): the charts can draw it. */
+  get historyChanged(): ISignal<this, void> {
+    return this._historyChanged;
+  }
+
+  /** Whether a GPU dashboard is open (attached, whether or not its tab is in front). */
+  get dashboardOpen(): boolean {
+    return this._dashboards > 0;
+  }
+
+  /**
+   * A dashboard opened (`true`) or closed: while one is open the page keeps, and asks the server
+   * for, the dashboard's longest range, with link throughput; the stream runs for it.
+   */
+  setDashboardOpen(open: boolean): void {
+    this._dashboards = Math.max(0, this._dashboards + (open ? 1 : -1));
+    this._applyDetail();
+    this._reconcile();
+  }
+
+  private _applyDetail(): void {
+    const open = this._dashboards > 0;
+    const seconds = open ? DASHBOARD_SECONDS : this._settings.historyLength;
+    this._options.history.keepAtLeast(open ? DASHBOARD_SECONDS : 0);
+    this._options.stream.setDetail({ history: seconds, throughput: open });
   }
 
   configure(settings: IGpuSettings): void {
@@ -284,6 +341,7 @@ export class GpuController {
     this._settings = settings;
     this._options.history.configure(settings.historyLength, settings.refreshRate);
     this._options.stream.setInterval(settings.refreshRate);
+    this._applyDetail();
     if (shown !== this.statusShown) {
       this._statusShownChanged.emit();
     }
@@ -343,8 +401,10 @@ export class GpuController {
     this._disposed = true;
     this._poll.dispose();
     this._clearWatchdog();
+    this._clearTicker();
     this._options.stream.demand('panel', false);
     this._options.stream.demand('statusbar', false);
+    this._options.stream.demand('dashboard', false);
     Signal.disconnectAll(this);
   }
 
@@ -354,10 +414,26 @@ export class GpuController {
 
   // ---- the stream and staleness ----
 
-  private _onSnapshot(_: GpuStream, snapshot: ISnapshot): void {
+  private _onHistory(stream: GpuStream, message: IHistoryMessage): void {
+    if (stream.grantedInterval) {
+      this._options.history.setInterval(stream.grantedInterval);
+    }
+    this._options.history.merge(message);
+    this._historyChanged.emit();
+  }
+
+  private _onSnapshot(stream: GpuStream, snapshot: ISnapshot): void {
+    if (stream.grantedInterval) {
+      this._options.history.setInterval(stream.grantedInterval);
+    }
     this._options.history.addSnapshot(snapshot);
+    const kind = `${this._receivedAt === null}|${snapshot.replay?.source ?? ''}`;
     this._receivedAt = this._now();
     this._armWatchdog(); // fresh again, and stale two intervals from now unless another comes
+    if (kind !== this._dataKind) {
+      this._dataKind = kind; // the first data, or a replay that started or ended: the state says so
+      this._emitHealth();
+    }
     this._warnCulls(snapshot);
     this._snapshotChanged.emit(snapshot);
   }
@@ -434,6 +510,30 @@ export class GpuController {
       this._stale = stale;
       this._emitHealth();
     }
+    this._tickWhileDown();
+  }
+
+  /** While the data is stale or the server is gone, the state says for how long: every second. */
+  private _tickWhileDown(): void {
+    const down = this._stale || this._options.stream.state === 'waiting' || this._unreachable;
+    if (!down || !this._options.stream.wanted || this._disposed) {
+      this._clearTicker();
+      return;
+    }
+    if (this._ticker === null) {
+      this._ticker = this._setTimeout(() => {
+        this._ticker = null;
+        this._emitHealth();
+        this._tickWhileDown();
+      }, 1000);
+    }
+  }
+
+  private _clearTicker(): void {
+    if (this._ticker !== null) {
+      this._clearTimeout(this._ticker);
+      this._ticker = null;
+    }
   }
 
   /** Wake up when the last snapshot turns stale, while anyone needs data. */
@@ -499,6 +599,7 @@ export class GpuController {
     }
     this._options.stream.demand('panel', this._panelVisible);
     this._options.stream.demand('statusbar', this.statusShown);
+    this._options.stream.demand('dashboard', this._dashboards > 0);
     this._armWatchdog();
     if (!this._kernelViewWanted()) {
       if (this.polling) {
@@ -593,6 +694,7 @@ export class GpuController {
     if (value !== this._unreachable) {
       this._unreachable = value;
       this._emitHealth();
+      this._tickWhileDown();
     }
   }
 
@@ -619,11 +721,15 @@ export class GpuController {
   private _receivedAt: number | null = null;
   private _stale = false;
   private _watchdog: unknown = null;
+  private _ticker: unknown = null;
+  private _dataKind = '';
+  private _dashboards = 0;
   private _disposed = false;
   private _snapshotChanged = new Signal<this, ISnapshot>(this);
   private _notebookChanged = new Signal<this, void>(this);
   private _healthChanged = new Signal<this, IHealth>(this);
   private _statusShownChanged = new Signal<this, void>(this);
+  private _historyChanged = new Signal<this, void>(this);
 }
 
 function sameNotebook(a: INotebookRef | null, b: INotebookRef | null): boolean {

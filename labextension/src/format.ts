@@ -77,12 +77,27 @@ export function formatBytesShort(bytes: number | null | undefined): string {
   return `${n}${unit[0]}`;
 }
 
+/** A rate in bytes per second: "1.20 GiB/s", "350 MiB/s"; "–" when unknown. */
+export function formatRate(bytesPerSecond: number | null | undefined): string {
+  return isNum(bytesPerSecond) ? `${formatBytes(bytesPerSecond)}/s` : UNKNOWN;
+}
+
 /** "used / total", each with its own unit: "5.70 GiB / 140 GiB", "630 MiB / 140 GiB". */
 export function formatMemory(used: number | null | undefined, total: number | null | undefined): string {
   if (!isNum(used) && !isNum(total)) {
     return UNKNOWN;
   }
   return `${formatBytes(used)} / ${formatBytes(total)}`;
+}
+
+/** "5.71 / 140 GiB" when both are in the same unit, else as `formatMemory`: for narrow rows. */
+export function formatMemoryShort(used: number | null | undefined, total: number | null | undefined): string {
+  if (!isNum(used) || !isNum(total)) {
+    return formatMemory(used, total);
+  }
+  const [u, unitU] = bytesParts(used);
+  const [t, unitT] = bytesParts(total);
+  return unitU === unitT ? `${u} / ${t} ${unitT}` : formatMemory(used, total);
 }
 
 /** "37%". */

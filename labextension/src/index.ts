@@ -1,6 +1,7 @@
 /**
- * gpuctx for JupyterLab: the "GPUs" sidebar panel, the active notebook's GPU view and the
- * status-bar item, all fed by one shared websocket to the gpuctx server extension.
+ * gpuctx for JupyterLab: the "GPUs" sidebar panel, the active notebook's GPU view, the GPU
+ * dashboard in the main area and the status-bar item, all fed by one shared websocket to the
+ * gpuctx server extension.
  *
  * This file only wires JupyterLab's services to the parts: what the page knows and when it asks
  * lives in `GpuController` (controller.ts); what it shows, in `GpuPanel` and `GpuStatusItem`.
@@ -12,7 +13,8 @@ import {
   IThemeManager,
   Notification,
   showDialog,
-  showErrorMessage
+  showErrorMessage,
+  WidgetTracker
 } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
@@ -21,6 +23,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { fetchDevices, fetchKernelView, kernelAction, streamUrl } from './api';
 import { GpuController } from './controller';
+import { DASHBOARD_ID, GpuDashboard } from './dashboard';
 import { DeviceHistory } from './history';
 import { gpuIcon } from './icon';
 import { ActiveNotebook } from './notebooks';
@@ -32,6 +35,7 @@ import { GpuStream, ISocket } from './stream';
 const PLUGIN_ID = 'gpuctx-jupyterlab:plugin';
 const PANEL_ID = 'gpuctx-panel';
 const OPEN_COMMAND = 'gpuctx:open-panel';
+const DASHBOARD_COMMAND = 'gpuctx:open-dashboard';
 
 /** This page's connection to a kernel, if one of its notebooks is connected to it. */
 function openKernel(tracker: INotebookTracker | null, kernelId: string): Kernel.IKernelConnection | null {
@@ -47,7 +51,7 @@ function openKernel(tracker: INotebookTracker | null, kernelId: string): Kernel.
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: PLUGIN_ID,
-  description: 'A GPU sidebar panel and a status-bar item for the active notebook, from gpuctx.',
+  description: 'A GPU sidebar panel, a GPU dashboard and a status-bar item for the active notebook, from gpuctx.',
   autoStart: true,
   optional: [INotebookTracker, IStatusBar, ISettingRegistry, ILayoutRestorer, ICommandPalette, IThemeManager],
   activate: (
@@ -61,7 +65,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   ) => {
     const server = app.serviceManager.serverSettings;
     const stream = new GpuStream({
-      url: interval => streamUrl(server, interval),
+      url: (interval, detail) => streamUrl(server, interval, detail),
       openSocket: url => new server.WebSocket(url) as unknown as ISocket,
       fetchSnapshot: () => fetchDevices(server),
       interval: DEFAULT_SETTINGS.refreshRate
@@ -118,13 +122,51 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     palette?.addItem({ command: OPEN_COMMAND, category: 'GPU' });
 
-    const statusItem = new GpuStatusItem(() => app.shell.activateById(PANEL_ID));
+    // The dashboard: one per page, in the main area, restored with the layout.
+    const dashboards = new WidgetTracker<GpuDashboard>({ namespace: 'gpuctx-dashboard' });
+    const openDashboard = (): GpuDashboard => {
+      let dashboard = dashboards.find(() => true);
+      if (!dashboard || dashboard.isDisposed) {
+        dashboard = new GpuDashboard(controller.history);
+        dashboard.title.icon = gpuIcon;
+        dashboard.openChanged.connect((_, open) => controller.setDashboardOpen(open));
+        if (controller.snapshot) {
+          dashboard.setSnapshot(controller.snapshot);
+        }
+        dashboard.setHealth(controller.health);
+        void dashboards.add(dashboard);
+        app.shell.add(dashboard, 'main');
+      }
+      app.shell.activateById(dashboard.id);
+      return dashboard;
+    };
+    app.commands.addCommand(DASHBOARD_COMMAND, {
+      label: 'Open the GPU dashboard',
+      caption: 'Large GPU charts in the main area: utilisation, memory by notebook, temperature, power, links',
+      icon: gpuIcon,
+      execute: () => openDashboard()
+    });
+    palette?.addItem({ command: DASHBOARD_COMMAND, category: 'GPU' });
+    void restorer?.restore(dashboards, { command: DASHBOARD_COMMAND, name: () => DASHBOARD_ID });
+    panel.dashboardRequested.connect(() => openDashboard());
+
+    const statusItem = new GpuStatusItem(dashboard =>
+      dashboard ? openDashboard() : app.shell.activateById(PANEL_ID)
+    );
     const renderStatus = () => statusItem.render(controller.statusView());
     const renderNotebook = () => panel.setNotebook(controller.notebook, controller.kernelView);
 
     controller.snapshotChanged.connect((_, snapshot) => {
       panel.setSnapshot(snapshot);
+      dashboards.forEach(d => d.setSnapshot(snapshot));
       renderStatus();
+    });
+    controller.historyChanged.connect(() => {
+      // the server's last minutes: drawn at once, not at the next snapshot
+      if (controller.snapshot) {
+        panel.setSnapshot(controller.snapshot);
+        dashboards.forEach(d => d.setSnapshot(controller.snapshot!));
+      }
     });
     controller.notebookChanged.connect(() => {
       renderNotebook();
@@ -132,11 +174,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     controller.healthChanged.connect((_, health) => {
       panel.setHealth(health);
+      dashboards.forEach(d => d.setHealth(health));
       renderStatus();
     });
     panel.visibilityChanged.connect((_, visible) => controller.setPanelVisible(visible));
     panel.actionRequested.connect((_, request) => void controller.runAction(request));
-    themes?.themeChanged.connect(() => requestAnimationFrame(() => panel.redrawCharts()));
+    themes?.themeChanged.connect(() =>
+      requestAnimationFrame(() => {
+        panel.redrawCharts();
+        dashboards.forEach(d => d.redrawCharts());
+      })
+    );
 
     if (statusBar && tracker) {
       statusBar.registerStatusItem(`${PLUGIN_ID}:status`, {

@@ -3,6 +3,7 @@
  * every rule here (naming processes, which GPU a notebook uses, the memory warning, the replay
  * mark) is tested without a browser.
  */
+import { KERNEL_ACTIONS, offered } from './actions';
 import {
   basename,
   formatBytes,
@@ -10,6 +11,7 @@ import {
   formatClock,
   formatDuration,
   formatMemory,
+  formatMemoryShort,
   formatPercent,
   formatPower,
   formatSeconds,
@@ -23,11 +25,13 @@ import {
   IHolderEvent,
   IHolders,
   IKernelRef,
+  IKernelUsage,
   IKernelView,
   IPoolStandby,
   IPoolStatus,
   ISnapshot,
-  ISuspended
+  ISuspended,
+  KernelAction
 } from './types';
 
 export const REPLAY_BANNER = 'Replay of a recorded trace — not live data';
@@ -35,7 +39,86 @@ export const REPLAY_BANNER = 'Replay of a recorded trace — not live data';
 /** Shown while the server does not answer (instead of the browser's "Failed to fetch"). */
 export const OUTAGE_TEXT = 'Lost contact with the Jupyter server; retrying…';
 
-const CLICK = 'Click to open the GPU panel.';
+const CLICK = 'Click to open the GPU panel (Ctrl-click or ⌘-click: the GPU dashboard).';
+
+/** Where the data comes from, and whether it is fresh: one state, said once in each view. */
+export type ConnectionKind = 'connecting' | 'live' | 'replay' | 'stale' | 'offline';
+
+export interface IConnectionInput {
+  /** The stream is retrying: the server closed or refused the connection, or does not answer. */
+  offline: boolean;
+  /** Seconds since the last snapshot, once that is older than two stream intervals; else null. */
+  staleFor: number | null;
+  /** When the last snapshot arrived, ms since the epoch. */
+  lastUpdate: number | null;
+  /** Some snapshot has arrived. */
+  hasData: boolean;
+  /** The snapshots replay a recorded trace. */
+  replay: IReplayView | null;
+}
+
+export interface IConnectionView {
+  kind: ConnectionKind;
+  /** The one line the panel's header and the dashboard show. */
+  text: string;
+  /** The same without the running count ("for 12 s"), for screen readers: said once per change. */
+  spoken: string;
+  /** What the status bar adds in brackets: "replay", "stale 12 s", "offline"; empty when live. */
+  badge: string;
+  /** The replayed trace's file and recording date, shown under the line. */
+  detail: string | null;
+  /** The server does not answer now: kernel actions are not offered. */
+  down: boolean;
+}
+
+/** The state of the data in words: live, replay, stale for N s, offline, or connecting. */
+export function connectionView(input: IConnectionInput): IConnectionView {
+  const replay = input.replay;
+  const detail = replay ? `${replay.name}${replay.recorded ? `, recorded ${replay.recorded}` : ''}` : null;
+  const since = input.lastUpdate !== null ? formatClock(input.lastUpdate) : null;
+  const ofReplay = replay ? ' (a replay of a recorded trace)' : '';
+  const badge = (state: string) => (replay ? `replay, ${state}` : state);
+  if (input.offline) {
+    const text = `Offline: lost contact with the Jupyter server; retrying…${since ? ` Last update ${since}.` : ''}${ofReplay}`;
+    return { kind: 'offline', text, spoken: text, badge: badge('offline'), detail, down: true };
+  }
+  if (input.staleFor !== null && input.hasData) {
+    const age = formatDuration(input.staleFor);
+    const rest = `no data from the server since ${since ?? 'the last update'}${ofReplay}`;
+    return {
+      kind: 'stale',
+      text: `Stale for ${age}: ${rest}`,
+      spoken: `Stale: ${rest}`,
+      badge: badge(`stale ${age}`),
+      detail,
+      down: true
+    };
+  }
+  if (!input.hasData) {
+    const text = 'Connecting to the gpuctx server…';
+    return { kind: 'connecting', text, spoken: text, badge: '', detail: null, down: false };
+  }
+  if (replay) {
+    return { kind: 'replay', text: REPLAY_BANNER, spoken: REPLAY_BANNER, badge: 'replay', detail, down: false };
+  }
+  return { kind: 'live', text: 'Live', spoken: 'Live', badge: '', detail: null, down: false };
+}
+
+/** "1.20 GiB memory, 37% CPU": a kernel's host usage (its process tree); null when unknown. */
+export function hostUsageText(usage: IKernelUsage | null | undefined): string | null {
+  if (!usage) {
+    return null;
+  }
+  const memory = num(usage.memory);
+  const cpu = num(usage.cpu_percent);
+  const parts = [memory !== null ? `${formatBytes(memory)} memory` : null, cpu !== null ? `${formatPercent(cpu)} CPU` : null];
+  const text = parts.filter(Boolean).join(', ');
+  if (!text) {
+    return null;
+  }
+  const count = num(usage.processes);
+  return count !== null && count > 1 ? `${text} (${count} processes)` : text;
+}
 
 export const STANDBY_LABEL = 'warm pool standby';
 export const IDLE_HOLDER_TEXT = 'idle holder';
@@ -58,6 +141,8 @@ export interface IProcessView {
   idleText: string | null;
   /** The kernel's allocator: "60.0 GiB in tensors, 614 MiB cached"; null when not reported. */
   allocatorText: string | null;
+  /** Host memory and CPU of the kernel's processes: "1.20 GiB memory, 37% CPU"; null when unknown. */
+  hostText: string | null;
   /** Idle longer than the server's threshold while holding GPU memory. */
   idleHolder: boolean;
   /** The server will shut the kernel down at `cullText`'s time unless it runs a cell. */
@@ -100,6 +185,8 @@ export interface IDeviceView {
   title: string;
   /** "cuda:0": the compact row's name. */
   shortName: string;
+  /** "H200": the board's name without its maker, beside the compact row's name. */
+  model: string;
   /** Visible under the title: nvidia-smi's index. */
   subtitle: string;
   /** Everything that identifies the board (UUID, PCI bus), for a tooltip only. */
@@ -110,8 +197,10 @@ export interface IDeviceView {
   memoryFraction: number | null;
   /** "5.70 GiB / 140 GiB". */
   memoryText: string;
-  /** "5.70 GiB": the compact row's figure. */
+  /** "5.70 GiB". */
   memoryUsedText: string;
+  /** "5.70 / 140 GiB": the compact row's figure. */
+  memoryShortText: string;
   /** Memory use is at or above the warning threshold. */
   memoryWarn: boolean;
   temperatureText: string;
@@ -213,6 +302,8 @@ export function allocatorText(kernel: IKernelRef | undefined): string | null {
 export interface IProcessContext {
   /** The kernel whose out-of-memory error is recent on this GPU; undefined: none. */
   oomKernel?: string | null;
+  /** Host usage per kernel id (the snapshot's `host.kernels`). */
+  usage?: Record<string, IKernelUsage>;
   /** The server can suspend kernels (its snapshot's `suspend.available`). */
   suspend?: boolean;
 }
@@ -256,6 +347,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
     standby: false,
     idleText: null,
     allocatorText: null,
+    hostText: null,
     idleHolder: false,
     cullWarning: false,
     cullText: null,
@@ -291,10 +383,12 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
     const cullWarning = !!kernel.cull_warning && cullAt !== null;
     const cullText = cullWarning ? `shut down at ${formatClock(cullAt! * 1000, false)} unless used` : null;
     const cached = cachedBytes(kernel);
+    const hostText = hostUsageText(context.usage?.[kernel.id]);
     const facts = [
       state,
       idleText,
       allocator && `allocator: ${allocator}`,
+      hostText && `host: ${hostText}`,
       idleHolder && `${IDLE_HOLDER_TEXT}: idle while holding GPU memory`,
       cullText && `the server will ${cullText}`
     ].filter(Boolean);
@@ -306,6 +400,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
       executionState: state,
       idleText,
       allocatorText: allocator,
+      hostText,
       idleHolder,
       cullWarning,
       cullText,
@@ -373,12 +468,17 @@ function topProcess(processes: IGpuProcess[]): IGpuProcess | null {
   return ranked[0] ?? null;
 }
 
-export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90), suspend = false): IDeviceView {
+export function describeDevice(
+  d: IGpuDevice,
+  warnAt = warnFraction(90),
+  usage?: Record<string, IKernelUsage>,
+  suspend = false
+): IDeviceView {
   const smi = typeof d.nvml_index === 'number' ? `nvidia-smi ${d.nvml_index}` : '';
   const fraction = memoryFraction(d.memory_used, d.memory_total);
   const processes = d.processes ?? [];
   const top = topProcess(processes);
-  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null, suspend } : { suspend };
+  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null, usage, suspend } : { usage, suspend };
   const views = (d.oom ? byMemory(processes) : processes).map(p => describeProcess(p, context));
   const idleHeld = num(d.idle_held);
   return {
@@ -386,6 +486,7 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90), suspend
     ordinal: d.ordinal,
     title: `cuda:${d.ordinal} · ${d.name}`,
     shortName: `cuda:${d.ordinal}`,
+    model: d.name.replace(/^NVIDIA\s+/, ''),
     subtitle: smi,
     tooltip: [
       `cuda:${d.ordinal} ${d.name}`,
@@ -401,6 +502,7 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90), suspend
     memoryFraction: fraction,
     memoryText: formatMemory(d.memory_used, d.memory_total),
     memoryUsedText: formatBytes(d.memory_used),
+    memoryShortText: formatMemoryShort(d.memory_used, d.memory_total),
     memoryWarn: fraction !== null && fraction >= warnAt,
     temperatureText: formatTemperature(d.temperature),
     powerText: formatPower(d.power_w, d.power_limit_w),
@@ -424,6 +526,7 @@ export function describeDevice(d: IGpuDevice, warnAt = warnFraction(90), suspend
 }
 
 export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPanelView {
+  const usage = snapshot.host?.kernels;
   const replay = snapshot.replay
     ? {
         source: snapshot.replay.source ?? 'unknown source',
@@ -432,7 +535,7 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
       }
     : null;
   const suspend = !!snapshot.suspend?.available;
-  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt, suspend));
+  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt, usage, suspend));
   let noGpu: string | null = null;
   if (!snapshot.gpu || devices.length === 0) {
     noGpu = snapshot.reason || 'The server sees no GPU.';
@@ -601,16 +704,16 @@ export interface IStatusInput {
   kernelId: string | null;
   kernelView: IKernelView | null;
   warnPercent: number;
-  stale: boolean;
-  /** When the last snapshot arrived (ms since the epoch), for "last update". */
-  lastUpdate: number | null;
-  outage: boolean;
+  /** The state of the data (connectionView): its badge ends the item's text. */
+  connection: IConnectionView;
 }
 
 export interface IStatusView {
   state: StatusState;
-  /** "GPU0 37% 12.1G", "GPU –", "GPU …" (without the replay mark). */
+  /** "GPU0 37% 12.1G", "GPU –", "GPU …" (without the state's badge). */
   text: string;
+  /** "replay", "stale 12 s", "offline": shown after the text in brackets; empty when live. */
+  badge: string;
   /** The tooltip and accessible name. */
   description: string;
   replay: boolean;
@@ -622,20 +725,14 @@ export interface IStatusView {
 
 /** The status bar item for the active notebook: its GPU only when its kernel uses one. */
 export function statusView(input: IStatusInput): IStatusView {
-  const { snapshot, kernelId, kernelView: view } = input;
+  const { snapshot, kernelId, kernelView: view, connection } = input;
   const replay = isReplay(snapshot);
   const notes: string[] = [];
-  if (input.stale && input.lastUpdate !== null) {
-    notes.push(`Stale: last update ${formatClock(input.lastUpdate)}.`);
-  }
-  if (input.outage) {
-    notes.push(OUTAGE_TEXT);
-  }
-  if (replay) {
-    notes.push(`${REPLAY_BANNER}.`);
+  if (connection.kind !== 'live' && connection.kind !== 'connecting') {
+    notes.push(connection.text.endsWith('.') ? connection.text : `${connection.text}.`);
   }
   notes.push(CLICK);
-  const base = { replay, warn: false, stale: input.stale, deviceKey: null };
+  const base = { replay, warn: false, stale: connection.down, deviceKey: null, badge: connection.badge };
   const make = (state: StatusState, text: string, what: string): IStatusView => ({
     ...base,
     state,
@@ -697,10 +794,15 @@ export interface IKernelRow {
   detail?: string;
 }
 
-/** The "this notebook" section: the kernel's own answer as label/value rows. */
-export function kernelRows(view: IKernelView | null): IKernelRow[] {
+/**
+ * The "this notebook" section: the kernel's own answer as label/value rows, and its host memory
+ * and CPU beside its GPU memory (`usage`: the server's reading of the kernel's processes).
+ */
+export function kernelRows(view: IKernelView | null, usage?: IKernelUsage | null): IKernelRow[] {
+  const host = hostUsageText(usage);
+  const hostRow: IKernelRow[] = host ? [{ label: 'Host', value: host }] : [];
   if (!view) {
-    return [{ label: 'GPU view', value: 'asking the kernel…' }];
+    return [{ label: 'GPU view', value: 'asking the kernel…' }, ...hostRow];
   }
   if (view.status === 'gone') {
     return [{ label: 'GPU view', value: 'the kernel is no longer running' }];
@@ -710,7 +812,7 @@ export function kernelRows(view: IKernelView | null): IKernelRow[] {
   }
   if (view.status !== 'ok') {
     const why = view.reason || view.message || view.status;
-    return [{ label: 'GPU view', value: `no answer: ${why}` }];
+    return [{ label: 'GPU view', value: `no answer: ${why}` }, ...hostRow];
   }
   const rows: IKernelRow[] = [];
   const hasDevice = typeof view.device === 'number';
@@ -726,6 +828,7 @@ export function kernelRows(view: IKernelView | null): IKernelRow[] {
       value: `${formatBytes(m.allocated)} allocated, ${formatBytes(m.reserved)} reserved, ${formatBytes(m.peak)} peak`
     });
   }
+  rows.push(...hostRow);
   const suspend = view.suspend;
   if (suspend && suspend.state && suspend.state !== 'running') {
     const moved = Object.values(suspend.moved ?? {}).reduce((a, b) => a + (num(b) ?? 0), 0);
@@ -743,6 +846,40 @@ export function kernelRows(view: IKernelView | null): IKernelRow[] {
     rows.push({ label: 'Started', value: 'from the warm pool' });
   }
   return rows;
+}
+
+/** What the notebook section needs to decide which actions apply. */
+export interface INotebookActionsInput {
+  kernelId: string | null;
+  /** JupyterLab's word for the kernel: "idle", "busy", "dead", "unknown"… */
+  kernelStatus: string | null;
+  view: IKernelView | null;
+  snapshot: ISnapshot | null;
+  /** The server does not answer now (stale or offline). */
+  down: boolean;
+}
+
+/**
+ * The actions the notebook section offers, in the table's order: none for a kernel that is gone
+ * or dead, or while the server does not answer; Release cache only where there is something to
+ * release (the kernel's allocator holds cached memory, or the GPU API marks it an idle holder);
+ * Suspend where the server can and the kernel is idle on a GPU, Resume (and no Release) while it
+ * is suspended (notebookOffer).
+ */
+export function notebookActions(input: INotebookActionsInput): KernelAction[] {
+  const { kernelId, view } = input;
+  if (!kernelId || input.down || view?.status === 'gone' || view?.status === 'unreachable') {
+    return [];
+  }
+  if (input.kernelStatus === 'dead' || input.kernelStatus === 'unknown' || view?.status === 'dead') {
+    return [];
+  }
+  const cached = view?.status === 'ok' && (view.memory ?? []).some(m => m.reserved > m.allocated);
+  const listed = (input.snapshot?.devices ?? []).some(d =>
+    (d.processes ?? []).some(p => p.kernel?.id === kernelId && describeProcess(p).canRelease)
+  );
+  const offer = notebookOffer(input.snapshot, view, kernelId, input.kernelStatus);
+  return KERNEL_ACTIONS.filter(spec => offered(spec, { holder: cached || listed, ...offer })).map(spec => spec.action);
 }
 
 /** The warm-up state in a few words, and its detail (often long: the reason it was skipped). */

@@ -4,6 +4,9 @@
  * minutes, the processes on it) — or, with many GPUs, one compact row per GPU — and under them
  * the warm reserve (the standby kernels the server keeps ready) when the server keeps one.
  *
+ * The header stays in view while the panel scrolls: its one line says whether the data is live,
+ * a replay, stale (for how long) or offline, the same state the status bar and the dashboard say.
+ *
  * Plain DOM, updated in place: a card is built once per GPU and only its numbers change on
  * each tick, so a button that has keyboard focus keeps it while the data streams in, and a
  * screen reader is not handed the same banner again every second.
@@ -12,12 +15,14 @@ import { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { actionWording, IOfferContext, KERNEL_ACTIONS, offered } from './actions';
+import { actionSpec, actionWording, IKernelActionSpec, IOfferContext, KERNEL_ACTIONS, offered } from './actions';
 import { HistoryChart } from './chart';
 import { IActionRequest, IHealth, INotebookRef } from './controller';
-import { formatClock, formatPercent, formatSpan } from './format';
-import { DeviceHistory } from './history';
+import { formatPercent, formatSpan } from './format';
+import { DeviceHistory, gapAfter } from './history';
 import {
+  connectionView,
+  IConnectionView,
   IDeviceView,
   IDLE_HOLDER_TEXT,
   IKernelRow,
@@ -26,16 +31,15 @@ import {
   IReserveView,
   ISuspendedView,
   kernelRows,
-  notebookOffer,
-  OUTAGE_TEXT,
+  notebookActions,
   panelView,
-  REPLAY_BANNER,
   warnFraction
 } from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
-import { IKernelView, ISnapshot } from './types';
+import { IKernelView, ISnapshot, KernelAction } from './types';
 
-function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
+/** An element with a class and a text: the DOM here is built from these. */
+export function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls?: string, text?: string): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (cls) {
     node.className = cls;
@@ -60,6 +64,39 @@ function setAttr(node: Element, name: string, value: string): void {
 }
 
 let uid = 0;
+
+/**
+ * Keep `container`'s children in the order of `items`, one node per key: a node is made the
+ * first time its key is seen, updated in place after, and removed once its key is gone.
+ */
+export function syncKeyed<I extends { key: string }, N extends { root: HTMLElement }>(
+  container: HTMLElement,
+  nodes: Map<string, N>,
+  items: I[],
+  make: (key: string) => N,
+  update: (node: N, item: I) => void,
+  remove: (node: N) => void = node => node.root.remove()
+): void {
+  const seen = new Set<string>();
+  items.forEach((item, i) => {
+    seen.add(item.key);
+    let node = nodes.get(item.key);
+    if (!node) {
+      node = make(item.key);
+      nodes.set(item.key, node);
+    }
+    if (container.children[i] !== node.root) {
+      container.insertBefore(node.root, container.children[i] ?? null);
+    }
+    update(node, item);
+  });
+  for (const [key, node] of Array.from(nodes)) {
+    if (!seen.has(key)) {
+      remove(node);
+      nodes.delete(key);
+    }
+  }
+}
 
 /** A labelled bar: the label and value on one line, the bar across the full width under them. */
 interface IMeter {
@@ -124,10 +161,46 @@ interface ICard {
 interface IRow {
   root: HTMLElement;
   name: HTMLElement;
+  model: HTMLElement;
   util: IMeter;
   mem: IMeter;
+  facts: HTMLElement;
   top: HTMLElement;
   oom: HTMLElement;
+}
+
+/** The header's state line: what a person reads, and what a screen reader is told once. */
+interface IStateLine {
+  root: HTMLElement;
+  text: HTMLElement;
+  spoken: HTMLElement;
+  detail: HTMLElement;
+}
+
+export function createStateLine(): IStateLine {
+  const root = el('div', 'jp-gpuctx-state');
+  const text = el('span', 'jp-gpuctx-state-text');
+  text.setAttribute('aria-hidden', 'true'); // its running count ("for 12 s") would be read every second
+  const spoken = el('span', 'jp-gpuctx-visually-hidden');
+  spoken.id = `jp-gpuctx-state-${++uid}`;
+  spoken.setAttribute('role', 'status');
+  const detail = el('span', 'jp-gpuctx-state-detail');
+  detail.hidden = true;
+  root.append(text, spoken, detail);
+  return { root, text, spoken, detail };
+}
+
+/** `source`: the replayed trace's full path, shown as the detail's tooltip. */
+export function updateStateLine(line: IStateLine, state: IConnectionView, source: string | null): void {
+  line.root.dataset.state = state.kind;
+  line.root.classList.toggle('jp-gpuctx-replay', !!state.detail);
+  setText(line.text, state.text);
+  setText(line.spoken, [state.spoken, state.detail].filter(Boolean).join('. '));
+  line.detail.hidden = !state.detail;
+  setText(line.detail, state.detail ?? '');
+  if (source) {
+    setAttr(line.detail, 'title', source);
+  }
 }
 
 export class GpuPanel extends Widget {
@@ -136,43 +209,26 @@ export class GpuPanel extends Widget {
     this.addClass('jp-gpuctx-panel');
     this.node.setAttribute('aria-label', 'GPU panel');
 
+    // The header stays in view while the panel scrolls: the state of the data is always seen.
     const header = el('div', 'jp-gpuctx-header');
-    header.appendChild(el('h2', 'jp-gpuctx-heading', 'GPUs'));
+    const top = el('div', 'jp-gpuctx-header-row');
+    top.appendChild(el('h2', 'jp-gpuctx-heading', 'GPUs'));
+    this._dashboardButton = el('button', 'jp-gpuctx-button jp-gpuctx-dashboard-button', 'Dashboard');
+    this._dashboardButton.type = 'button';
+    this._dashboardButton.title = 'Open the GPU dashboard in the main area: large charts over 2 min, 10 min or 1 h';
+    this._dashboardButton.addEventListener('click', () => this._dashboardRequested.emit());
+    top.appendChild(this._dashboardButton);
     this._compactToggle = el('button', 'jp-gpuctx-button jp-gpuctx-compact-toggle', 'Compact');
     this._compactToggle.type = 'button';
     this._compactToggle.title = 'One row per GPU';
     this._compactToggle.setAttribute('aria-pressed', 'false');
     this._compactToggle.hidden = true;
     this._compactToggle.addEventListener('click', () => this.setCompact(!this.compact));
-    header.appendChild(this._compactToggle);
-    this._connection = el('span', 'jp-gpuctx-connection');
-    this._connection.setAttribute('role', 'status');
-    header.appendChild(this._connection);
+    top.appendChild(this._compactToggle);
+    header.appendChild(top);
+    this._state = createStateLine();
+    header.appendChild(this._state.root);
     this.node.appendChild(header);
-
-    this._outage = el('p', 'jp-gpuctx-outage', OUTAGE_TEXT);
-    this._outage.setAttribute('role', 'status');
-    this._outage.hidden = true;
-    this.node.appendChild(this._outage);
-
-    this._freshness = el('p', 'jp-gpuctx-freshness');
-    this._freshness.id = `jp-gpuctx-freshness-${++uid}`;
-    this._freshness.setAttribute('role', 'status');
-    this._freshness.hidden = true;
-    this.node.appendChild(this._freshness);
-
-    // The banner is built once; a sample only changes it when the trace does.
-    this._replay = el('div', 'jp-gpuctx-replay');
-    this._replay.setAttribute('role', 'status');
-    this._replay.hidden = true;
-    const replayDetail = el('div', 'jp-gpuctx-replay-detail');
-    this._replaySource = el('span', 'jp-gpuctx-replay-source');
-    this._replayRecorded = el('span', 'jp-gpuctx-replay-recorded');
-    this._replayDate = el('span', 'jp-gpuctx-replay-date');
-    this._replayRecorded.append(', recorded ', this._replayDate);
-    replayDetail.append(this._replaySource, this._replayRecorded);
-    this._replay.append(el('strong', undefined, REPLAY_BANNER), replayDetail);
-    this.node.appendChild(this._replay);
 
     // Without a GPU, the reason is what a person needs first.
     this._noGpu = el('p', 'jp-gpuctx-nogpu');
@@ -235,6 +291,11 @@ export class GpuPanel extends Widget {
     return this._actionRequested;
   }
 
+  /** The header's Dashboard button was pressed. */
+  get dashboardRequested(): ISignal<this, void> {
+    return this._dashboardRequested;
+  }
+
   /** One row per GPU instead of cards: the user's choice, else automatic above `compactAbove` GPUs. */
   get compact(): boolean {
     return this._compactChoice ?? this._deviceCount > this._settings.compactAbove;
@@ -251,44 +312,43 @@ export class GpuPanel extends Widget {
     this._rerender();
   }
 
+  /** The state of the data: the header's line, dimmed cards while stale, actions only while it answers. */
   setHealth(health: IHealth): void {
-    const text: Record<IHealth['connection'], string> = {
-      idle: '',
-      connecting: 'connecting…',
-      open: 'connected', // to the server's stream; whether the data is live, the replay banner says
-      waiting: `reconnecting (attempt ${health.attempts})…`
-    };
-    setText(this._connection, text[health.connection]);
-    this._connection.dataset.state = health.connection;
-    this._outage.hidden = !health.outage;
-    const stale = health.stale && health.lastUpdate !== null;
-    this.toggleClass('jp-gpuctx-stale', stale);
-    this._freshness.hidden = !stale;
-    setText(this._freshness, stale ? `Last update ${formatClock(health.lastUpdate!)}` : '');
-    if (stale) {
-      this._devices.setAttribute('aria-describedby', this._freshness.id);
+    this._health = health;
+    updateStateLine(this._state, health.state, this._replaySource);
+    this.toggleClass('jp-gpuctx-stale', health.state.down && health.lastUpdate !== null);
+    if (health.state.down) {
+      this._devices.setAttribute('aria-describedby', this._state.spoken.id);
     } else {
       this._devices.removeAttribute('aria-describedby');
+    }
+    if (this._down !== health.state.down) {
+      this._down = health.state.down;
+      this._rerender();
+      this._renderNotebook();
     }
   }
 
   setSnapshot(snapshot: ISnapshot): void {
     this._snapshot = snapshot;
     this._render(panelView(snapshot, warnFraction(this._settings.memoryWarningPercent)));
-    // Whether Suspend or Resume applies in the notebook section follows the server's word.
-    if (this._notebookInfo?.kernelId) {
-      this._setActions(this._notebookInfo.kernelId, this._notebookInfo.name, this._notebookInfo.kernelStatus);
-    }
+    this._renderNotebook();
   }
 
   setNotebook(info: INotebookRef | null, view: IKernelView | null): void {
     this._notebookInfo = info;
-    this._notebookView = view;
+    this._kernelView = view;
+    this._renderNotebook();
+  }
+
+  private _renderNotebook(): void {
+    const info = this._notebookInfo;
+    const view = this._kernelView;
     if (!info) {
       setText(this._notebookName, 'No notebook is active.');
       this._notebookName.removeAttribute('title');
       this._renderRows([]);
-      this._setActions(null, '', null);
+      this._setActions(null, '', []);
       return;
     }
     const kernel = info.kernelId
@@ -296,8 +356,16 @@ export class GpuPanel extends Widget {
       : 'no kernel';
     setText(this._notebookName, `${info.name} (${kernel})`);
     this._notebookName.title = info.path;
-    this._renderRows(info.kernelId ? kernelRows(view) : []);
-    this._setActions(info.kernelId, info.name, info.kernelStatus);
+    const usage = info.kernelId ? this._snapshot?.host?.kernels?.[info.kernelId] : undefined;
+    this._renderRows(info.kernelId ? kernelRows(view, usage) : []);
+    const actions = notebookActions({
+      kernelId: info.kernelId,
+      kernelStatus: info.kernelStatus,
+      view,
+      snapshot: this._snapshot,
+      down: this._down
+    });
+    this._setActions(info.kernelId, info.name, actions);
   }
 
   /** Redraw the charts with the theme's colours (after a theme change). */
@@ -342,7 +410,9 @@ export class GpuPanel extends Widget {
   }
 
   private _render(view: IPanelView): void {
-    this._renderReplay(view);
+    this._replaySource = view.replay?.source ?? null;
+    this.toggleClass('jp-gpuctx-mod-replay', !!view.replay);
+    updateStateLine(this._state, this._health.state, this._replaySource);
     this._noGpu.hidden = view.noGpu === null;
     if (view.noGpu === null) {
       setText(this._noGpu, '');
@@ -390,19 +460,6 @@ export class GpuPanel extends Widget {
     this._reserveLines.hidden = lines.length === 0;
   }
 
-  private _renderReplay(view: IPanelView): void {
-    const replay = view.replay;
-    this.toggleClass('jp-gpuctx-mod-replay', !!replay);
-    this._replay.hidden = !replay;
-    if (!replay) {
-      return;
-    }
-    setText(this._replaySource, replay.name);
-    this._replaySource.title = replay.source;
-    this._replayRecorded.hidden = !replay.recorded;
-    setText(this._replayDate, replay.recorded);
-  }
-
   private _renderRows(rows: IKernelRow[]): void {
     const key = JSON.stringify(rows);
     if (key === this._rowsKey) {
@@ -430,25 +487,24 @@ export class GpuPanel extends Widget {
     this._notebookRows.replaceChildren(...nodes);
   }
 
-  private _setActions(kernelId: string | null, label: string, status: string | null): void {
-    const offer: IOfferContext | null = kernelId
-      ? { holder: null, ...notebookOffer(this._snapshot, this._notebookView, kernelId, status) }
-      : null;
-    const key = `${kernelId}|${label}|${offer?.suspendable}|${offer?.suspended}`;
+  /** The notebook section's buttons: exactly the actions that apply now (model.notebookActions). */
+  private _setActions(kernelId: string | null, label: string, actions: KernelAction[]): void {
+    const key = `${kernelId}|${label}|${actions.join(',')}`;
     if (key !== this._actionsKey) {
       this._actionsKey = key;
-      this._notebookActions.replaceChildren(...(kernelId && offer ? this._actionButtons(kernelId, label, offer) : []));
+      const specs = actions.map(actionSpec);
+      this._notebookActions.replaceChildren(...(kernelId ? this._buttons(kernelId, label, specs) : []));
     }
-    // Nothing to interrupt while the kernel is idle is still allowed: interrupt is harmless.
-    const dead = status === 'dead' || status === 'unknown';
-    this._notebookActions.querySelectorAll('button').forEach(b => {
-      (b as HTMLButtonElement).disabled = dead && b.dataset.action !== 'restart';
-    });
+    this._notebookActions.hidden = actions.length === 0;
   }
 
-  /** The table's buttons for one kernel, as far as `offer` says they apply (actions.ts, `offered`). */
+  /** A process row's buttons: the rows of the table that apply to it (actions.ts, `offered`). */
   private _actionButtons(kernelId: string, label: string, offer: IOfferContext): HTMLButtonElement[] {
-    return KERNEL_ACTIONS.filter(spec => offered(spec, offer)).map(({ action, verb }) => {
+    return this._buttons(kernelId, label, KERNEL_ACTIONS.filter(spec => offered(spec, offer)));
+  }
+
+  private _buttons(kernelId: string, label: string, specs: readonly IKernelActionSpec[]): HTMLButtonElement[] {
+    return specs.map(({ action, verb }) => {
       const button = el('button', `jp-gpuctx-button jp-gpuctx-button-${action}`, verb);
       button.type = 'button';
       button.dataset.action = action;
@@ -463,26 +519,11 @@ export class GpuPanel extends Widget {
   // ---- cards ----
 
   private _renderCards(devices: IDeviceView[]): void {
-    const seen = new Set<string>();
-    devices.forEach((device, i) => {
-      seen.add(device.key);
-      let card = this._cards.get(device.key);
-      if (!card) {
-        card = this._createCard(device.key);
-        this._cards.set(device.key, card);
-      }
-      if (this._cardsNode.children[i] !== card.root) {
-        this._cardsNode.insertBefore(card.root, this._cardsNode.children[i] ?? null);
-      }
-      this._updateCard(card, device);
-    });
-    for (const [key, card] of Array.from(this._cards)) {
-      if (!seen.has(key)) {
+    syncKeyed(this._cardsNode, this._cards, devices, key => this._createCard(key), (card, d) => this._updateCard(card, d),
+      card => {
         card.chart.dispose();
         card.root.remove();
-        this._cards.delete(key);
-      }
-    }
+      });
   }
 
   private _createCard(key: string): ICard {
@@ -603,10 +644,15 @@ export class GpuPanel extends Widget {
       this._history.points(d.key),
       span,
       this._settings.chartMemoryScale,
-      `Utilisation (solid) and memory (dashed) of ${d.shortName} over the last ${formatSpan(span)}`
+      `Utilisation (solid) and memory (dashed) of ${d.shortName} over the last ${formatSpan(span)}`,
+      gapAfter(this._settings.refreshRate)
     );
     // Rebuilt only when who is listed, their order, or their buttons change.
-    const key = d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}:${p.canSuspend}`).join('|');
+    const key =
+      `${this._down}|` +
+      d.processes
+        .map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}:${p.canSuspend}:${p.executionState === 'dead'}`)
+        .join('|');
     if (key !== card.processKey) {
       card.processKey = key;
       card.processes.replaceChildren(
@@ -620,7 +666,7 @@ export class GpuPanel extends Widget {
         this._updateProcessItem(item, p);
       }
     });
-    const suspendedKey = JSON.stringify(d.suspended);
+    const suspendedKey = `${this._down}|${JSON.stringify(d.suspended)}`;
     if (suspendedKey !== card.suspendedKey) {
       card.suspendedKey = suspendedKey;
       card.suspendedHeading.hidden = card.suspended.hidden = d.suspended.length === 0;
@@ -637,9 +683,12 @@ export class GpuPanel extends Widget {
       el('span', 'jp-gpuctx-process-label', s.label),
       el('span', 'jp-gpuctx-badge jp-gpuctx-badge-suspended', s.text)
     );
-    const actions = el('div', 'jp-gpuctx-actions');
-    actions.append(...this._actionButtons(s.kernelId, s.label, { holder: false, suspendable: false, suspended: true }));
-    item.append(line, actions);
+    item.append(line);
+    if (!this._down) {
+      const actions = el('div', 'jp-gpuctx-actions');
+      actions.append(...this._actionButtons(s.kernelId, s.label, { holder: false, suspendable: false, suspended: true }));
+      item.append(actions);
+    }
     return item;
   }
 
@@ -663,10 +712,12 @@ export class GpuPanel extends Widget {
       el('span', 'jp-gpuctx-badge jp-gpuctx-badge-idle-holder', IDLE_HOLDER_TEXT),
       el('span', 'jp-gpuctx-badge jp-gpuctx-badge-cull'),
       el('span', 'jp-gpuctx-process-idle'),
-      el('span', 'jp-gpuctx-process-allocator')
+      el('span', 'jp-gpuctx-process-allocator'),
+      el('span', 'jp-gpuctx-process-host')
     );
     item.append(line, facts);
-    if (p.kernelId) {
+    // No actions while the server does not answer, nor for a kernel that is dead.
+    if (p.kernelId && !this._down && p.executionState !== 'dead') {
       const actions = el('div', 'jp-gpuctx-actions');
       actions.append(
         ...this._actionButtons(p.kernelId, p.label, { holder: p.canRelease, suspendable: p.canSuspend, suspended: false })
@@ -700,60 +751,55 @@ export class GpuPanel extends Widget {
     part('jp-gpuctx-badge-cull', p.cullText);
     part('jp-gpuctx-process-idle', p.idleText);
     part('jp-gpuctx-process-allocator', p.allocatorText);
+    part('jp-gpuctx-process-host', p.hostText && `host ${p.hostText}`);
     const facts = item.querySelector('.jp-gpuctx-process-facts') as HTMLElement | null;
     if (facts) {
-      facts.hidden = !(p.oom === 'failing' || p.idleHolder || p.cullText || p.idleText || p.allocatorText);
+      facts.hidden = !(p.oom === 'failing' || p.idleHolder || p.cullText || p.idleText || p.allocatorText || p.hostText);
     }
   }
 
   // ---- compact rows ----
 
   private _renderRowsCompact(devices: IDeviceView[]): void {
-    const seen = new Set<string>();
-    devices.forEach((device, i) => {
-      seen.add(device.key);
-      let row = this._rows.get(device.key);
-      if (!row) {
-        row = this._createRow(device.key);
-        this._rows.set(device.key, row);
-      }
-      if (this._compactNode.children[i] !== row.root) {
-        this._compactNode.insertBefore(row.root, this._compactNode.children[i] ?? null);
-      }
-      this._updateRow(row, device);
-    });
-    for (const [key, row] of Array.from(this._rows)) {
-      if (!seen.has(key)) {
-        row.root.remove();
-        this._rows.delete(key);
-      }
-    }
+    syncKeyed(this._compactNode, this._rows, devices, key => this._createRow(key), (row, d) => this._updateRow(row, d));
   }
 
+  /**
+   * One GPU in two lines: its name, board and temperature, and the notebook holding most of it;
+   * then utilisation and memory (labelled, used / total) over their bars.
+   */
   private _createRow(key: string): IRow {
     const root = el('li', 'jp-gpuctx-compact-row');
     root.dataset.gpuctxDevice = key;
+    const title = el('span', 'jp-gpuctx-compact-title');
     const name = el('span', 'jp-gpuctx-compact-name');
-    const util = createMeter('utilization', 'Utilisation');
-    const mem = createMeter('memory', 'Memory');
+    const model = el('span', 'jp-gpuctx-compact-model');
+    const facts = el('span', 'jp-gpuctx-compact-facts');
+    title.append(name, ' ', model, ' ', facts);
     const top = el('span', 'jp-gpuctx-compact-top');
+    const head = el('span', 'jp-gpuctx-compact-head');
+    head.append(title, top);
+    const util = createMeter('utilization', 'Util');
+    const mem = createMeter('memory', 'Mem');
     const oom = el('span', 'jp-gpuctx-compact-oom');
     oom.setAttribute('role', 'status');
     oom.hidden = true;
-    root.append(name, util.root, mem.root, top, oom);
-    return { root, name, util, mem, top, oom };
+    root.append(head, util.root, mem.root, oom);
+    return { root, name, model, util, mem, facts, top, oom };
   }
 
   private _updateRow(row: IRow, d: IDeviceView): void {
     setText(row.name, d.shortName);
-    row.root.title = d.tooltip;
+    setText(row.model, d.model);
+    row.root.title = `${d.tooltip}\n${d.temperatureText}, ${d.powerText}`;
     row.root.classList.toggle('jp-gpuctx-mod-error', !!d.error);
     const util = d.utilization === null ? null : d.utilization / 100;
     updateMeter(row.util, util, d.utilizationText, `${d.shortName} utilisation ${d.utilizationText}`);
     const warning = this._memoryWarning(d);
     const spoken = `${d.shortName} memory ${d.memoryText}${warning ? `; ${warning}` : ''}`;
-    updateMeter(row.mem, d.memoryFraction, d.memoryUsedText, spoken, d.memoryWarn);
+    updateMeter(row.mem, d.memoryFraction, d.memoryShortText, spoken, d.memoryWarn);
     row.mem.root.title = warning || d.memoryText;
+    setText(row.facts, d.temperatureText);
     const t = d.top;
     const top = d.error
       ? `Error: ${d.error}`
@@ -778,13 +824,20 @@ export class GpuPanel extends Widget {
   private _compactChoice: boolean | null = null;
   private _deviceCount = 0;
   private _compactToggle: HTMLButtonElement;
-  private _connection: HTMLElement;
-  private _outage: HTMLElement;
-  private _freshness: HTMLElement;
-  private _replay: HTMLElement;
-  private _replaySource: HTMLElement;
-  private _replayRecorded: HTMLElement;
-  private _replayDate: HTMLElement;
+  private _dashboardButton: HTMLButtonElement;
+  private _state: IStateLine;
+  private _replaySource: string | null = null;
+  private _health: IHealth = {
+    connection: 'idle',
+    attempts: 0,
+    stale: false,
+    lastUpdate: null,
+    outage: false,
+    state: connectionView({ offline: false, staleFor: null, lastUpdate: null, hasData: false, replay: null })
+  };
+  private _down = false;
+  private _notebookInfo: INotebookRef | null = null;
+  private _kernelView: IKernelView | null = null;
   private _noGpu: HTMLElement;
   private _noGpuReason: string | null = null;
   private _notebook: HTMLElement;
@@ -793,8 +846,6 @@ export class GpuPanel extends Widget {
   private _rowsKey = '';
   private _notebookActions: HTMLElement;
   private _actionsKey = '';
-  private _notebookInfo: INotebookRef | null = null;
-  private _notebookView: IKernelView | null = null;
   private _devices: HTMLElement;
   private _cardsNode: HTMLElement;
   private _compactNode: HTMLElement;
@@ -811,4 +862,5 @@ export class GpuPanel extends Widget {
   private _rows = new Map<string, IRow>();
   private _visibilityChanged = new Signal<this, boolean>(this);
   private _actionRequested = new Signal<this, IActionRequest>(this);
+  private _dashboardRequested = new Signal<this, void>(this);
 }

@@ -1,24 +1,26 @@
 /**
  * The status-bar item: the active notebook's GPU in a few characters ("GPU0 37% 12.1G"), or
- * "GPU –" when the notebook uses none; a click opens the panel. What it says comes from
- * `statusView` (model.ts); this only draws it.
+ * "GPU –" when the notebook uses none, then the state of the data in brackets when it is not
+ * live ("(replay)", "(stale 12 s)", "(offline)"); a click opens the panel, a click with Ctrl (⌘
+ * on a Mac) the GPU dashboard. What it says comes from `statusView` (model.ts); this only draws it.
  */
 import { Widget } from '@lumino/widgets';
 
 import { IStatusView } from './model';
 
 export class GpuStatusItem extends Widget {
-  constructor(onClick: () => void) {
+  /** `onClick(dashboard)`: `dashboard` when Ctrl or ⌘ was held. */
+  constructor(onClick: (dashboard: boolean) => void) {
     super({ node: document.createElement('div') });
     this.addClass('jp-gpuctx-status');
     this._button = document.createElement('button');
     this._button.type = 'button';
     this._button.className = 'jp-gpuctx-status-button';
-    this._button.addEventListener('click', onClick);
+    this._button.addEventListener('click', ev => onClick(ev.ctrlKey || ev.metaKey));
     this._text = document.createElement('span');
     this._text.className = 'jp-gpuctx-status-text';
-    // "(replay)" is a badge of its own, dark text on the theme's light warn colour (readable in
-    // light and dark themes); the button's text still ends in "(replay)".
+    // The state ("(replay)", "(stale 12 s)", "(offline)") is a badge of its own, dark text on the
+    // theme's light warn colour (readable in light and dark themes); the button's text ends in it.
     this._gap = document.createTextNode('');
     this._replay = document.createElement('span');
     this._replay.className = 'jp-gpuctx-status-replay';
@@ -27,6 +29,7 @@ export class GpuStatusItem extends Widget {
     this.render({
       state: 'waiting',
       text: 'GPU …',
+      badge: '',
       description: 'GPU: waiting for the gpuctx server. Click to open the GPU panel.',
       replay: false,
       warn: false,
@@ -39,13 +42,13 @@ export class GpuStatusItem extends Widget {
     if (this._text.textContent !== view.text) {
       this._text.textContent = view.text;
     }
-    // The button's text is exactly "<text>" or "<text> (replay)".
-    this._gap.data = view.replay ? ' ' : '';
-    const badge = view.replay ? '(replay)' : '';
+    // The button's text is exactly "<text>" or "<text> (<badge>)".
+    this._gap.data = view.badge ? ' ' : '';
+    const badge = view.badge ? `(${view.badge})` : '';
     if (this._replay.textContent !== badge) {
       this._replay.textContent = badge;
     }
-    this._replay.hidden = !view.replay;
+    this._replay.hidden = !view.badge;
     this._button.title = view.description;
     this._button.setAttribute('aria-label', view.description);
     this.node.dataset.gpuctxState = view.state;

@@ -10,12 +10,14 @@
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { backoffDelay, DEFAULT_BACKOFF, IBackoffOptions } from './backoff';
-import { IHello, ISnapshot } from './types';
+import { IHello, IHistoryMessage, ISnapshot } from './types';
 
 export type StreamState = 'idle' | 'connecting' | 'open' | 'waiting';
 
 /** What the stream needs from a WebSocket (the browser's, or a fake in tests). */
 export interface ISocket {
+  /** 0 while connecting (the browser's WebSocket.CONNECTING), 1 once open. */
+  readonly readyState?: number;
   onopen: ((ev: unknown) => void) | null;
   onmessage: ((ev: { data: unknown }) => void) | null;
   onclose: ((ev: unknown) => void) | null;
@@ -23,13 +25,23 @@ export interface ISocket {
   close(code?: number, reason?: string): void;
 }
 
+/** What a connection asks for besides snapshots. */
+export interface IStreamDetail {
+  /** Seconds of the server's history to send first (0: none). */
+  history: number;
+  /** PCIe and NVLink throughput in the snapshots (a GPU dashboard is open). */
+  throughput: boolean;
+}
+
 export interface IStreamOptions {
   /** The stream's URL for an interval in seconds (with the token where one is needed). */
-  url: (interval: number) => string;
+  url: (interval: number, detail: IStreamDetail) => string;
   openSocket: (url: string) => ISocket;
   /** One REST read of the snapshot, used when the stream (re)starts. */
   fetchSnapshot?: () => Promise<ISnapshot>;
   interval: number;
+  /** What the first connection asks for besides snapshots (none when not given). */
+  detail?: IStreamDetail;
   backoff?: IBackoffOptions;
   random?: () => number;
   setTimeout?: (fn: () => void, ms: number) => unknown;
@@ -39,6 +51,9 @@ export interface IStreamOptions {
 export class GpuStream {
   constructor(private _options: IStreamOptions) {
     this._interval = _options.interval;
+    if (_options.detail) {
+      this._detail = { ..._options.detail };
+    }
   }
 
   get state(): StreamState {
@@ -69,6 +84,31 @@ export class GpuStream {
 
   get stateChanged(): ISignal<this, StreamState> {
     return this._stateChanged;
+  }
+
+  /** The server's history, sent once per connection before its first snapshot. */
+  get historyReceived(): ISignal<this, IHistoryMessage> {
+    return this._historyReceived;
+  }
+
+  get detail(): IStreamDetail {
+    return this._detail;
+  }
+
+  /** Ask for another span of history or for throughput: the next connection does (now, if open). */
+  setDetail(detail: IStreamDetail): void {
+    if (detail.history === this._detail.history && detail.throughput === this._detail.throughput) {
+      return;
+    }
+    // Less history needs no new connection (the page just draws less); throughput does, both
+    // ways: the server reads the links only while a connection asks for them.
+    const again = detail.history > this._detail.history || detail.throughput !== this._detail.throughput;
+    this._detail = { ...detail };
+    if (this._socket && again) {
+      this._closeSocket();
+      this._attempts = 0;
+      this._connect();
+    }
   }
 
   /** `key` needs data (`on`), or no longer does. The socket is open while any key does. */
@@ -131,7 +171,7 @@ export class GpuStream {
 
   private _connect(): void {
     this._setState('connecting');
-    const socket = this._options.openSocket(this._options.url(this._interval));
+    const socket = this._options.openSocket(this._options.url(this._interval, this._detail));
     this._socket = socket;
     socket.onopen = () => {
       if (this._socket === socket) {
@@ -160,7 +200,7 @@ export class GpuStream {
   }
 
   private _onMessage(data: unknown): void {
-    let msg: (ISnapshot | IHello) & { type?: string };
+    let msg: { type?: string };
     try {
       msg = JSON.parse(String(data));
     } catch {
@@ -169,6 +209,10 @@ export class GpuStream {
     this._attempts = 0;
     if (msg.type === 'hello') {
       this._granted = (msg as IHello).interval;
+      return;
+    }
+    if (msg.type === 'history') {
+      this._historyReceived.emit(msg as unknown as IHistoryMessage);
       return;
     }
     if (Array.isArray((msg as ISnapshot).devices)) {
@@ -207,13 +251,27 @@ export class GpuStream {
     this._setState('idle');
   }
 
+  /**
+   * Let go of the socket. One still connecting is closed once it is open: closing it before the
+   * handshake ends makes the browser log "WebSocket is closed before the connection is
+   * established" (the page's demand can flip while JupyterLab lays itself out at load).
+   */
   private _closeSocket(): void {
     const socket = this._socket;
     this._socket = null;
-    if (socket) {
-      socket.onopen = socket.onmessage = socket.onerror = socket.onclose = null;
-      socket.close(1000, 'not needed');
+    if (!socket) {
+      return;
     }
+    socket.onmessage = socket.onerror = socket.onclose = null;
+    if (socket.readyState === 0) {
+      socket.onopen = () => {
+        socket.onopen = null;
+        socket.close(1000, 'not needed');
+      };
+      return;
+    }
+    socket.onopen = null;
+    socket.close(1000, 'not needed');
   }
 
   private _setState(state: StreamState): void {
@@ -224,6 +282,7 @@ export class GpuStream {
   }
 
   private _interval: number;
+  private _detail: IStreamDetail = { history: 0, throughput: false };
   private _granted: number | null = null;
   private _state: StreamState = 'idle';
   private _socket: ISocket | null = null;
@@ -234,4 +293,5 @@ export class GpuStream {
   private _snapshot: ISnapshot | null = null;
   private _snapshotChanged = new Signal<this, ISnapshot>(this);
   private _stateChanged = new Signal<this, StreamState>(this);
+  private _historyReceived = new Signal<this, IHistoryMessage>(this);
 }

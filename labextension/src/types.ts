@@ -84,6 +84,8 @@ export interface IGpuDevice {
   idle_held?: number | null;
   /** The last out-of-memory error here within 5 minutes, or null. */
   oom?: IOomEvent | null;
+  /** PCIe and NVLink throughput, while a GPU dashboard is open and NVML reports them. */
+  links?: ILinkRates | null;
   /** The kernels suspended from this GPU: their memory of it is in host memory until they resume. */
   suspended?: ISuspendedOnDevice[];
 }
@@ -126,6 +128,43 @@ export interface IResumeResult {
   status?: string;
   seconds?: number;
   steps?: Record<string, number>;
+}
+
+/** One reading of a GPU's links, bytes/s (null: not reported, or not yet: NVLink needs two reads). */
+export interface ILinkRates {
+  pcie_tx?: number | null;
+  pcie_rx?: number | null;
+  nvlink_tx?: number | null;
+  nvlink_rx?: number | null;
+  /** Active NVLinks (0: none). */
+  nvlink_links?: number;
+  /** When they were read, seconds since the epoch. */
+  time?: number | null;
+}
+
+/** Host memory and CPU of one kernel: its process and every process it started. */
+export interface IKernelUsage {
+  /** Bytes (RSS of the process tree). */
+  memory?: number | null;
+  /** Percent of one core (250: two and a half cores busy). */
+  cpu_percent?: number | null;
+  processes?: number;
+}
+
+/** The host the server runs on, and each of its kernels' share (usage.py). */
+export interface IHostUsage {
+  cpu_percent?: number | null;
+  cpu_count?: number | null;
+  memory_used?: number | null;
+  memory_total?: number | null;
+  /** When these were read, seconds since the epoch. */
+  time?: number | null;
+  /** Seconds between readings. */
+  interval?: number | null;
+  /** Kernel id -> its usage. */
+  kernels?: Record<string, IKernelUsage>;
+  /** Why there are no figures (no psutil where the server runs). */
+  reason?: string | null;
 }
 
 /** One automatic release or cull, as the server recalls it (fields may be missing). */
@@ -229,17 +268,49 @@ export interface ISnapshot {
   holders?: IHolders | null;
   /** The warm kernel pool; null when the server keeps none. */
   pool?: IPoolStatus | null;
+  /** Host memory and CPU, the host's and each kernel's; absent before the server's first reading. */
+  host?: IHostUsage | null;
+  /** While a dashboard asks for link throughput: how often it is read, and why there is none. */
+  links_status?: { interval?: number; reason?: string | null } | null;
   /** Suspend: offered here or not (older servers send neither of these). */
   suspend?: ISuspendSupport | null;
   suspended?: ISuspended[];
 }
 
-/** The stream's first message: the interval the server granted. */
+/** Columns of rows over time: "t" (seconds since the epoch), then one list per field (null: no value). */
+export interface IHistoryColumns {
+  t: number[];
+  [field: string]: (number | null)[] | Record<string, (number | null)[]> | undefined;
+}
+
+/**
+ * The stream's second message (and GET /gpuctx/api/history): the last `seconds` of every GPU,
+ * its links and the host. A row whose values are all null is a gap: nothing was sampled then.
+ */
+export interface IHistoryMessage {
+  type: 'history';
+  time: number;
+  seconds: number;
+  /** What the server keeps. */
+  keeps?: number;
+  fine_step?: number;
+  coarse_step?: number;
+  /** GPU key (UUID) -> utilization, memory_used, memory_total, temperature, power_w, kernels. */
+  gpus: Record<string, IHistoryColumns>;
+  /** GPU key -> pcie_tx, pcie_rx, nvlink_tx, nvlink_rx. */
+  links?: Record<string, IHistoryColumns>;
+  host?: IHistoryColumns;
+  /** Kernel id -> what the charts call it ("train.ipynb"). */
+  labels?: Record<string, string>;
+}
+
+/** The stream's first message: the interval the server granted, and the history it sends next. */
 export interface IHello {
   type: 'hello';
   interval: number;
   requested?: number;
   note?: string;
+  history?: { seconds: number; keeps: number };
 }
 
 export interface IAllocatorMemory {

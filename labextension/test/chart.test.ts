@@ -14,7 +14,7 @@ const { FakePlot, made } = vi.hoisted(() => {
   class FakePlot {
     width: number;
     data: unknown[];
-    cursor: { idx: number | null } = { idx: null };
+    cursor: { idx: number | null; left?: number } = { idx: null };
     destroyed = false;
     constructor(
       public opts: any, // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -35,9 +35,14 @@ const { FakePlot, made } = vi.hoisted(() => {
     destroy(): void {
       this.destroyed = true;
     }
-    /** What a pointer over sample `idx` makes uPlot do. */
-    hover(idx: number | null): void {
+    /** x per pixel: the fake's plot spans x -120..0 over 120 px. */
+    posToVal(left: number): number {
+      return left - 120;
+    }
+    /** What a pointer over sample `idx` (at pixel `left`, when given) makes uPlot do. */
+    hover(idx: number | null, left?: number): void {
       this.cursor.idx = idx;
+      this.cursor.left = left;
       for (const hook of this.opts.hooks.setCursor) {
         hook(this);
       }
@@ -135,7 +140,7 @@ describe('HistoryChart', () => {
     expect(mem.values(null, mem.splits())).toEqual(['0', '70.0 GiB', '140 GiB']);
     expect(x.values(null, [-120, -60, 0])).toEqual(['−2 min', '−1 min', 'now']);
     expect(opts.scales.x.range()).toEqual([-120, 0]);
-    expect(opts.scales.pct.range).toEqual([0, 100]);
+    expect(opts.scales.pct.range()).toEqual([0, 100]);
     chart.update(points(3), 120, 'peak', 'x');
     expect(opts.scales.mem.range()).toEqual([0, 3 * GIB]);
     expect(chart.node.dataset.gpuctxMemoryScale).toBe('peak');
@@ -174,6 +179,33 @@ describe('HistoryChart', () => {
     expect(legend.querySelector('.jp-gpuctx-legend-time')!.textContent).toMatch(/^\d\d:\d\d:\d\d$/);
     made[0].hover(null);
     expect(value('utilization')).toBe('20%');
+    chart.dispose();
+  });
+
+  it('draws a gap as a gap, and says "no sample" with the time when the pointer is inside one', async () => {
+    const chart = new HistoryChart();
+    withWidth(chart, 220);
+    const t0 = Date.UTC(2025, 0, 1) / 1000;
+    const pts: IHistoryPoint[] = [
+      ...points(3, t0),
+      { t: t0 + 3, gap: true, utilization: null, memoryUsed: null, memoryTotal: null },
+      ...points(3, t0 + 40)
+    ];
+    chart.update(pts, 120, 'total', 'x', 3);
+    await chart.fit();
+    expect(made[0].data[1]).toEqual([0, 10, 20, null, 0, 10, 20]); // uPlot breaks the line at null
+    expect(chart.node.dataset.gpuctxGaps).toBe('1');
+    const legend = chart.node.querySelector('.jp-gpuctx-legend')!;
+    const value = () => legend.querySelector('.jp-gpuctx-legend-utilization .jp-gpuctx-legend-value')!.textContent;
+    made[0].hover(3); // on the gap marker
+    expect(value()).toBe('no sample');
+    // x of the points: -42..-40, the gap at -39, then -2..0; the pointer at -20, 18 s from the gap
+    // marker that uPlot snaps to and 20 s from the nearest sample: no sample there either
+    made[0].hover(3, 100);
+    expect(value()).toBe('no sample');
+    expect(legend.querySelector('.jp-gpuctx-legend-time')!.textContent).toMatch(/^\d\d:\d\d:\d\d$/);
+    made[0].hover(6, 120); // on the newest sample
+    expect(value()).toBe('20%');
     chart.dispose();
   });
 });

@@ -17,29 +17,10 @@ import {
 } from '../src/controller';
 import { DeviceHistory } from '../src/history';
 import { DEFAULT_SETTINGS } from '../src/settings';
-import { GpuStream, ISocket } from '../src/stream';
+import { GpuStream } from '../src/stream';
 import { IKernelView } from '../src/types';
 import { at, GIB, holdersSnapshot, twoGpus } from './fixtures';
-
-class FakeSocket implements ISocket {
-  onopen: ((ev: unknown) => void) | null = null;
-  onmessage: ((ev: { data: unknown }) => void) | null = null;
-  onclose: ((ev: unknown) => void) | null = null;
-  onerror: ((ev: unknown) => void) | null = null;
-  closed = false;
-  close(): void {
-    this.closed = true;
-  }
-  open(): void {
-    this.onopen?.({});
-  }
-  send(msg: object): void {
-    this.onmessage?.({ data: JSON.stringify(msg) });
-  }
-  drop(): void {
-    this.onclose?.({});
-  }
-}
+import { FakeSocket } from './sockets';
 
 class FakeNotebooks implements INotebookSource {
   nb: INotebookRef | null = null;
@@ -389,10 +370,87 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     t.controller.dispose();
   });
 
+  it('says for how long the data is stale, every second, and that the server is offline once the stream drops', async () => {
+    const t = setup();
+    const states: string[] = [];
+    t.controller.healthChanged.connect((_, h) => states.push(h.state.text));
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'hello', interval: 1 });
+    expect(t.controller.health.state.kind).toBe('connecting');
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    expect(t.controller.health.state).toMatchObject({ kind: 'live', text: 'Live' });
+    await vi.advanceTimersByTimeAsync(5001);
+    expect(t.controller.health.state.kind).toBe('stale');
+    expect(t.controller.health.state.text).toMatch(/^Stale for 5 s: no data from the server since \d\d:\d\d:\d\d$/);
+    await vi.advanceTimersByTimeAsync(1000);
+    expect(states[states.length - 1]).toMatch(/^Stale for 6 s/); // told without a new snapshot
+    t.sockets[0].drop();
+    expect(t.controller.health.state).toMatchObject({ kind: 'offline', down: true, badge: 'offline' });
+    expect(t.controller.statusView().badge).toBe('offline');
+    await vi.advanceTimersByTimeAsync(600);
+    t.sockets[1].open();
+    t.sockets[1].send({ type: 'snapshot', ...twoGpus(110) });
+    expect(t.controller.health.state.kind).toBe('live');
+    const count = states.length;
+    await vi.advanceTimersByTimeAsync(1500);
+    expect(states).toHaveLength(count); // no ticking while live
+    t.controller.dispose();
+  });
+
+  it('says "replay" for a replayed trace, in the state and the status badge', () => {
+    const t = setup();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100), replay: { source: '/x/h200-trace.jsonl', recorded: '2026-11-29' } });
+    expect(t.controller.health.state).toMatchObject({
+      kind: 'replay',
+      detail: 'h200-trace.jsonl, recorded 2026-11-29',
+      badge: 'replay'
+    });
+    t.controller.dispose();
+  });
+
+  it("merges the server's history before the first snapshot, so the charts start full", () => {
+    const t = setup();
+    const seen: number[] = [];
+    t.controller.historyChanged.connect(() => seen.push(t.controller.history.points('GPU-aaaa').length));
+    t.controller.setPanelVisible(true);
+    expect(t.stream.detail).toEqual({ history: 120, throughput: false });
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'hello', interval: 1 });
+    const t0 = 1000;
+    t.sockets[0].send({
+      type: 'history',
+      time: t0 + 60,
+      seconds: 120,
+      gpus: { 'GPU-aaaa': { t: Array.from({ length: 60 }, (_, i) => t0 + i), utilization: Array(60).fill(50) } }
+    });
+    expect(seen).toEqual([60]);
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(t0 + 60) });
+    expect(t.controller.history.points('GPU-aaaa')).toHaveLength(61);
+    t.controller.dispose();
+  });
+
+  it('asks for the last hour and link throughput while a dashboard is open, and stops after', () => {
+    const t = setup();
+    t.controller.setDashboardOpen(true);
+    expect(t.sockets).toHaveLength(1); // the stream runs for the dashboard alone
+    expect(t.stream.detail).toEqual({ history: 3600, throughput: true });
+    expect(t.controller.history.keep).toBe(3600);
+    t.sockets[0].open();
+    t.controller.setDashboardOpen(false);
+    expect(t.stream.detail).toEqual({ history: 120, throughput: false });
+    expect(t.controller.history.keep).toBe(120);
+    expect(t.sockets[0].closed).toBe(true);
+    t.controller.dispose();
+  });
+
   it('stops everything when disposed', async () => {
     const t = setup();
     t.notebooks.show(notebook('k1'));
     await vi.advanceTimersByTimeAsync(0);
+    t.sockets[0].open();
     t.controller.dispose();
     expect(t.sockets[0].closed).toBe(true);
     await vi.advanceTimersByTimeAsync(60000);

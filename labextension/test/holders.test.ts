@@ -182,10 +182,11 @@ describe('idle holders in the panel', () => {
     Widget.detach(panel);
   });
 
-  it('offers "Release cache" in the notebook section', () => {
+  it('offers "Release cache" in the notebook section when its kernel holds cached memory', () => {
     const panel = mounted();
     const info = { name: 'a.ipynb', path: 'x/a.ipynb', kernelId: 'k1', kernelName: 'Python 3', kernelStatus: 'idle' };
-    panel.setNotebook(info, { status: 'ok', device: 0, memory: [] });
+    const memory = [{ ordinal: 0, framework: 'torch', allocated: 0, reserved: 2 * GIB, peak: 2 * GIB }];
+    panel.setNotebook(info, { status: 'ok', device: 0, memory });
     const section = panel.node.querySelector('.jp-gpuctx-notebook')!;
     const button = section.querySelector('button[data-action="release"]') as HTMLButtonElement;
     expect(button.getAttribute('aria-label')).toBe('Release the cached GPU memory of a.ipynb');

@@ -1,10 +1,14 @@
 import { describe, expect, it } from 'vitest';
 
 import {
+  connectionView,
   describeProcess,
+  hostUsageText,
+  INotebookActionsInput,
   IStatusInput,
   kernelGpu,
   kernelRows,
+  notebookActions,
   OUTAGE_TEXT,
   panelView,
   REPLAY_BANNER,
@@ -113,14 +117,13 @@ describe('the GPU a notebook uses', () => {
 });
 
 describe('statusView', () => {
+  const live = connectionView({ offline: false, staleFor: null, lastUpdate: null, hasData: true, replay: null });
   const input = (over: Partial<IStatusInput>): IStatusInput => ({
     snapshot: twoGpus(),
     kernelId: 'k-123456789',
     kernelView: null,
     warnPercent: 90,
-    stale: false,
-    lastUpdate: null,
-    outage: false,
+    connection: live,
     ...over
   });
 
@@ -164,19 +167,105 @@ describe('statusView', () => {
     expect(statusView(input({ snapshot: snap, warnPercent: 95 })).warn).toBe(false);
   });
 
-  it('marks replay, stale data and an outage in the description', () => {
+  it('says the state of the data in its badge and its description', () => {
     const at = new Date(2025, 0, 1, 14, 3, 21).getTime();
-    const view = statusView(input({ snapshot: { ...twoGpus(), replay: { source: 'x' } }, stale: true, lastUpdate: at, outage: true }));
+    const replay = { source: '/data/h200-trace.jsonl', name: 'h200-trace.jsonl', recorded: '2026-11-29' };
+    const stale = connectionView({ offline: false, staleFor: 12.4, lastUpdate: at, hasData: true, replay });
+    const view = statusView(input({ snapshot: { ...twoGpus(), replay: { source: 'x' } }, connection: stale }));
     expect(view.replay).toBe(true);
     expect(view.stale).toBe(true);
-    expect(view.description).toContain('Stale: last update 14:03:21.');
-    expect(view.description).toContain(OUTAGE_TEXT);
-    expect(view.description).toContain(REPLAY_BANNER);
+    expect(view.badge).toBe('replay, stale 12 s');
+    expect(view.description).toContain('Stale for 12 s: no data from the server since 14:03:21 (a replay of a recorded trace).');
     expect(view.text).toBe('GPU0 37% 12.1G');
+    const offline = connectionView({ offline: true, staleFor: 30, lastUpdate: at, hasData: true, replay: null });
+    const gone = statusView(input({ connection: offline }));
+    expect(gone.badge).toBe('offline');
+    expect(gone.description).toContain(`Offline: lost contact with the Jupyter server; retrying… Last update 14:03:21.`);
+    expect(statusView(input({})).badge).toBe('');
+  });
+});
+
+describe('connectionView', () => {
+  const base = { offline: false, staleFor: null, lastUpdate: null, hasData: true, replay: null };
+  const replay = { source: '/data/t.jsonl', name: 't.jsonl', recorded: '2026-11-29T18:53:45' };
+
+  it('is one state: connecting, live, replay, stale for N s, offline', () => {
+    expect(connectionView({ ...base, hasData: false })).toMatchObject({ kind: 'connecting', down: false, badge: '' });
+    expect(connectionView(base)).toMatchObject({ kind: 'live', text: 'Live', down: false, badge: '' });
+    expect(connectionView({ ...base, replay })).toMatchObject({
+      kind: 'replay',
+      text: REPLAY_BANNER,
+      detail: 't.jsonl, recorded 2026-11-29T18:53:45',
+      badge: 'replay'
+    });
+    const stale = connectionView({ ...base, staleFor: 75, lastUpdate: new Date(2025, 0, 1, 9, 5, 7).getTime() });
+    expect(stale).toMatchObject({ kind: 'stale', down: true, badge: 'stale 1 min' });
+    expect(stale.text).toBe('Stale for 1 min: no data from the server since 09:05:07');
+    expect(stale.spoken).toBe('Stale: no data from the server since 09:05:07'); // said once, not every second
+    // an outage wins over staleness: the server is gone, not just quiet
+    expect(connectionView({ ...base, staleFor: 75, offline: true })).toMatchObject({ kind: 'offline', down: true });
+    expect(OUTAGE_TEXT).toContain('Lost contact with the Jupyter server');
+  });
+});
+
+describe('notebookActions', () => {
+  const input = (over: Partial<INotebookActionsInput>): INotebookActionsInput => ({
+    kernelId: 'k-123456789',
+    kernelStatus: 'idle',
+    view: { status: 'ok', device: null, memory: [] },
+    snapshot: twoGpus(),
+    down: false,
+    ...over
+  });
+
+  it('offers Release cache only where there is cached memory or an idle holder', () => {
+    expect(notebookActions(input({}))).toEqual(['interrupt', 'restart', 'shutdown']);
+    const cached = { ordinal: 0, framework: 'torch', allocated: GIB, reserved: 2 * GIB, peak: 2 * GIB };
+    expect(notebookActions(input({ view: { status: 'ok', device: 0, memory: [cached] } }))).toEqual([
+      'interrupt',
+      'release',
+      'restart',
+      'shutdown'
+    ]);
+    const idle = twoGpus();
+    idle.devices[0].processes![0].kernel!.idle_holder = true;
+    expect(notebookActions(input({ snapshot: idle }))).toContain('release');
+  });
+
+  it('offers Suspend on an idle kernel that holds GPU memory where the server can, and Resume, not Release, once suspended', () => {
+    const can = twoGpus();
+    can.suspend = { available: true };
+    expect(notebookActions(input({ snapshot: can }))).toEqual(['interrupt', 'suspend', 'restart', 'shutdown']);
+    expect(notebookActions(input({ snapshot: can, kernelStatus: 'busy' }))).toEqual(['interrupt', 'restart', 'shutdown']);
+    expect(notebookActions(input({ snapshot: can, kernelId: 'k-elsewhere' }))).not.toContain('suspend');
+    expect(notebookActions(input({}))).not.toContain('suspend'); // the server cannot suspend
+    const cached = { ordinal: 0, framework: 'torch', allocated: GIB, reserved: 2 * GIB, peak: 2 * GIB };
+    const suspended = { status: 'ok', device: 0, memory: [cached], suspend: { state: 'suspended' } };
+    expect(notebookActions(input({ snapshot: can, view: suspended }))).toEqual(['interrupt', 'resume', 'restart', 'shutdown']);
+  });
+
+  it('offers nothing for a kernel that is gone or dead, nor while the server does not answer', () => {
+    expect(notebookActions(input({ view: { status: 'gone' } }))).toEqual([]);
+    expect(notebookActions(input({ kernelStatus: 'dead' }))).toEqual([]);
+    expect(notebookActions(input({ down: true }))).toEqual([]);
+    expect(notebookActions(input({ kernelId: null }))).toEqual([]);
   });
 });
 
 describe('kernelRows', () => {
+  it("shows the kernel's host memory and CPU beside its GPU memory", () => {
+    const rows = kernelRows(
+      { status: 'ok', device: 0, memory: [{ ordinal: 0, framework: 'torch', allocated: GIB, reserved: GIB, peak: GIB }] },
+      { memory: 1.2 * GIB, cpu_percent: 37.4, processes: 3 }
+    );
+    expect(rows[2]).toEqual({ label: 'Host', value: '1.20 GiB memory, 37% CPU (3 processes)' });
+    expect(kernelRows(null, { memory: 55 * 1024 ** 2, cpu_percent: 0, processes: 1 })[1]).toEqual({
+      label: 'Host',
+      value: '55.0 MiB memory, 0% CPU'
+    });
+    expect(hostUsageText(null)).toBeNull();
+  });
+
   it('shows the device, allocator memory and warm-up state of a kernel that answered', () => {
     const rows = kernelRows({
       status: 'ok',
@@ -365,8 +454,9 @@ describe('suspended notebooks', () => {
   });
 
   it('show in the status bar and in the notebook section', () => {
+    const connection = connectionView({ offline: false, staleFor: null, lastUpdate: null, hasData: true, replay: null });
     const input: IStatusInput = { snapshot: suspendedSnapshot(), kernelId: 'k-away', kernelView: null, warnPercent: 90,
-                                  stale: false, lastUpdate: null, outage: false };
+                                  connection };
     const status = statusView(input);
     expect(status.state).toBe('suspended');
     expect(status.text).toBe('GPU0 suspended');

@@ -9,7 +9,8 @@ import { describe, expect, it } from 'vitest';
 
 import { IActionRequest, IHealth } from '../src/controller';
 import { DeviceHistory } from '../src/history';
-import { GpuPanel } from '../src/panel';
+import { connectionView } from '../src/model';
+import { GpuPanel, syncKeyed } from '../src/panel';
 import { DEFAULT_SETTINGS } from '../src/settings';
 import { ISnapshot } from '../src/types';
 import { EMPTY_POOL, GIB, NO_GPU, readyPool, twoGpus } from './fixtures';
@@ -37,7 +38,8 @@ function manyGpus(n: number, time = 100): ISnapshot {
   };
 }
 
-const HEALTHY: IHealth = { connection: 'open', attempts: 0, stale: false, lastUpdate: null, outage: false };
+const LIVE = connectionView({ offline: false, staleFor: null, lastUpdate: null, hasData: true, replay: null });
+const HEALTHY: IHealth = { connection: 'open', attempts: 0, stale: false, lastUpdate: null, outage: false, state: LIVE };
 
 /** The text a person sees: hidden elements and tooltips left out. */
 function visibleText(node: Element): string {
@@ -145,50 +147,66 @@ describe('GpuPanel', () => {
     Widget.detach(panel);
   });
 
-  it('builds the replay banner once, as a status, with the file name and its full path in the tooltip', () => {
+  it('says the state of the data once, in its header: replay with the file, its full path in the tooltip', () => {
     const panel = mounted();
     const replay = { source: '/work/main/tests/data/h200-trace.jsonl', recorded: '2026-11-29T18:53:45+0000' };
     panel.setSnapshot({ ...twoGpus(100), replay });
-    const banner = panel.node.querySelector('.jp-gpuctx-replay') as HTMLElement;
-    const strong = banner.querySelector('strong');
-    expect(banner.hidden).toBe(false);
-    expect(banner.getAttribute('role')).toBe('status');
-    expect(banner.textContent).toContain('Replay of a recorded trace — not live data');
-    expect(banner.textContent).toContain('h200-trace.jsonl, recorded 2026-11-29T18:53:45+0000');
-    const source = banner.querySelector('.jp-gpuctx-replay-source') as HTMLElement;
-    expect(source.textContent).toBe('h200-trace.jsonl');
-    expect(source.title).toBe('/work/main/tests/data/h200-trace.jsonl');
-    expect(banner.querySelector('.jp-gpuctx-replay-date')!.textContent).toBe('2026-11-29T18:53:45+0000');
+    const state = connectionView({
+      offline: false,
+      staleFor: null,
+      lastUpdate: null,
+      hasData: true,
+      replay: { source: replay.source, name: 'h200-trace.jsonl', recorded: replay.recorded }
+    });
+    panel.setHealth({ ...HEALTHY, state });
+    const line = panel.node.querySelector('.jp-gpuctx-header .jp-gpuctx-state') as HTMLElement;
+    expect(panel.node.querySelectorAll('.jp-gpuctx-state')).toHaveLength(1);
+    expect(line.dataset.state).toBe('replay');
+    expect(line.classList.contains('jp-gpuctx-replay')).toBe(true);
+    expect(visibleText(line)).toContain('Replay of a recorded trace — not live data');
+    const detail = line.querySelector('.jp-gpuctx-state-detail') as HTMLElement;
+    expect(detail.textContent).toBe('h200-trace.jsonl, recorded 2026-11-29T18:53:45+0000');
+    expect(detail.title).toBe('/work/main/tests/data/h200-trace.jsonl');
+    expect(line.querySelector('[role="status"]')!.textContent).toBe(
+      'Replay of a recorded trace — not live data. h200-trace.jsonl, recorded 2026-11-29T18:53:45+0000'
+    );
     expect(panel.hasClass('jp-gpuctx-mod-replay')).toBe(true);
-    panel.setSnapshot({ ...twoGpus(101), replay });
-    expect(banner.querySelector('strong')).toBe(strong); // not rebuilt
     panel.setSnapshot(twoGpus(300));
-    expect(banner.hidden).toBe(true);
+    panel.setHealth(HEALTHY);
+    expect(line.dataset.state).toBe('live');
+    expect(detail.hidden).toBe(true);
     expect(panel.hasClass('jp-gpuctx-mod-replay')).toBe(false);
     Widget.detach(panel);
   });
 
-  it('dims stale data, says when the last update was, and says when the server is lost', () => {
+  it('dims stale data, says for how long, and offers no action while the server does not answer', () => {
     const panel = mounted();
     panel.setSnapshot(twoGpus());
     panel.setHealth(HEALTHY);
+    const info = { name: 'a.ipynb', path: 'x/a.ipynb', kernelId: 'k1', kernelName: 'Python 3', kernelStatus: 'idle' };
+    panel.setNotebook(info, { status: 'ok', device: null, memory: [] });
+    const buttons = () => panel.node.querySelectorAll('.jp-gpuctx-notebook button, .jp-gpuctx-card button').length;
+    expect(buttons()).toBeGreaterThan(0);
     expect(panel.hasClass('jp-gpuctx-stale')).toBe(false);
-    expect((panel.node.querySelector('.jp-gpuctx-freshness') as HTMLElement).hidden).toBe(true);
     const at = new Date(2025, 0, 1, 14, 3, 21).getTime();
-    panel.setHealth({ connection: 'waiting', attempts: 3, stale: true, lastUpdate: at, outage: true });
+    const stale = connectionView({ offline: false, staleFor: 12, lastUpdate: at, hasData: true, replay: null });
+    panel.setHealth({ connection: 'open', attempts: 0, stale: true, lastUpdate: at, outage: true, state: stale });
     expect(panel.hasClass('jp-gpuctx-stale')).toBe(true);
-    const freshness = panel.node.querySelector('.jp-gpuctx-freshness') as HTMLElement;
-    expect(freshness.hidden).toBe(false);
-    expect(freshness.textContent).toBe('Last update 14:03:21');
-    expect(panel.node.querySelector('.jp-gpuctx-devices')!.getAttribute('aria-describedby')).toBe(freshness.id);
-    const outage = panel.node.querySelector('.jp-gpuctx-outage') as HTMLElement;
-    expect(outage.hidden).toBe(false);
-    expect(outage.textContent).toBe('Lost contact with the Jupyter server; retrying…');
-    expect(panel.node.querySelector('.jp-gpuctx-connection')!.textContent).toBe('reconnecting (attempt 3)…');
+    const line = panel.node.querySelector('.jp-gpuctx-state') as HTMLElement;
+    expect(visibleText(line)).toContain('Stale for 12 s: no data from the server since 14:03:21');
+    const spoken = line.querySelector('[role="status"]') as HTMLElement;
+    expect(spoken.textContent).toBe('Stale: no data from the server since 14:03:21');
+    expect(panel.node.querySelector('.jp-gpuctx-devices')!.getAttribute('aria-describedby')).toBe(spoken.id);
+    expect(buttons()).toBe(0);
+    const offline = connectionView({ offline: true, staleFor: 40, lastUpdate: at, hasData: true, replay: null });
+    panel.setHealth({ connection: 'waiting', attempts: 3, stale: true, lastUpdate: at, outage: true, state: offline });
+    expect(line.dataset.state).toBe('offline');
+    expect(visibleText(line)).toContain('Offline: lost contact with the Jupyter server; retrying… Last update 14:03:21.');
+    expect(panel.node.querySelectorAll('.jp-gpuctx-outage, .jp-gpuctx-freshness')).toHaveLength(0); // one state only
     panel.setHealth(HEALTHY);
     expect(panel.hasClass('jp-gpuctx-stale')).toBe(false);
-    expect(outage.hidden).toBe(true);
-    expect(panel.node.querySelector('.jp-gpuctx-connection')!.textContent).toBe('connected');
+    expect(line.dataset.state).toBe('live');
+    expect(buttons()).toBeGreaterThan(0);
     Widget.detach(panel);
   });
 
@@ -206,8 +224,12 @@ describe('GpuPanel', () => {
     const row = rows[0];
     expect(row.dataset.gpuctxDevice).toBe('GPU-0000');
     expect(row.querySelector('.jp-gpuctx-compact-name')!.textContent).toBe('cuda:0');
+    expect(row.querySelector('.jp-gpuctx-compact-model')!.textContent).toBe('H200');
+    expect(row.querySelector('.jp-gpuctx-compact-facts')!.textContent).toBe('29 °C');
     expect(row.querySelectorAll('.jp-gpuctx-meter-bar')).toHaveLength(2);
-    expect(row.querySelector('.jp-gpuctx-meter-memory .jp-gpuctx-meter-value')!.textContent).toBe('12.1 GiB');
+    // labelled, with used / total
+    expect(visibleText(row.querySelector('.jp-gpuctx-meter-utilization')!)).toBe('Util0%');
+    expect(visibleText(row.querySelector('.jp-gpuctx-meter-memory')!)).toBe('Mem12.1 / 140 GiB');
     expect(row.querySelector('.jp-gpuctx-compact-top')!.textContent).toBe('train.ipynb · 630 MiB (+1)');
     expect(rows[1].querySelector('.jp-gpuctx-compact-top')!.textContent).toBe('no processes');
     expect(visibleText(row)).not.toContain('GPU-0000');
@@ -267,6 +289,21 @@ describe('GpuPanel', () => {
     Widget.detach(panel);
   });
 
+  it("shows each kernel's host memory and CPU beside its GPU memory", () => {
+    const panel = mounted();
+    const snap = twoGpus();
+    snap.host = { cpu_percent: 12, memory_used: 8 * GIB, memory_total: 64 * GIB, time: 100, kernels: {
+      'k-123456789': { memory: 2.5 * GIB, cpu_percent: 99.6, processes: 2 }
+    } };
+    panel.setSnapshot(snap);
+    const row = panel.node.querySelector('.jp-gpuctx-process[data-kernel-id="k-123456789"]') as HTMLElement;
+    expect(row.querySelector('.jp-gpuctx-process-host')!.textContent).toBe('host 2.50 GiB memory, 100% CPU (2 processes)');
+    const info = { name: 'train.ipynb', path: 'work/train.ipynb', kernelId: 'k-123456789', kernelName: 'Python 3', kernelStatus: 'busy' };
+    panel.setNotebook(info, { status: 'ok', device: 0, memory: [] });
+    expect(panel.node.querySelector('.jp-gpuctx-notebook dl')!.textContent).toContain('Host2.50 GiB memory, 100% CPU (2 processes)');
+    Widget.detach(panel);
+  });
+
   it("shows the active notebook's kernel with its actions, and the warm-up reason folded away", () => {
     const panel = mounted();
     const detail = 'imported torch only; no GPU is visible: NVML reports: libnvidia-ml.so.1 not found';
@@ -285,12 +322,24 @@ describe('GpuPanel', () => {
     panel.setNotebook(info, { status: 'ok', device: null, memory: [], pooled: true, warmup: { state: 'skipped', detail } });
     expect((section.querySelector('details') as HTMLDetailsElement).open).toBe(true);
     expect(section.querySelector('dl')!.textContent).toContain('from the warm pool');
+    // it holds no GPU memory: nothing to release
+    expect(Array.from(section.querySelectorAll('button')).map(b => b.textContent)).toEqual([
+      'Interrupt',
+      'Restart',
+      'Shut down'
+    ]);
+    const cached = { ordinal: 0, framework: 'torch', allocated: GIB, reserved: 3 * GIB, peak: 3 * GIB };
+    panel.setNotebook(info, { status: 'ok', device: 0, memory: [cached], warmup: { state: 'done' } });
     expect(Array.from(section.querySelectorAll('button')).map(b => b.textContent)).toEqual([
       'Interrupt',
       'Release cache',
       'Restart',
       'Shut down'
     ]);
+    // shut down elsewhere: no buttons for a kernel that is no longer running
+    panel.setNotebook(info, { status: 'gone', reason: 'the kernel is no longer running' });
+    expect(section.querySelectorAll('button')).toHaveLength(0);
+    expect(section.textContent).toContain('the kernel is no longer running');
     panel.setNotebook(null, null);
     expect(section.querySelectorAll('button')).toHaveLength(0);
     Widget.detach(panel);
@@ -320,13 +369,14 @@ describe('GpuPanel', () => {
     panel.actionRequested.connect((_, r) => asked.push(r));
     buttons[1].click();
     expect(asked).toEqual([{ kernelId: 'k-away', action: 'resume', label: 'away.ipynb' }]);
-    // the notebook section: the active notebook's kernel is idle on a GPU, so Suspend applies
+    // the notebook section: the active notebook's kernel is idle on a GPU, so Suspend applies (no
+    // Release: it holds nothing cached)
     const section = panel.node.querySelector('.jp-gpuctx-notebook')!;
     const info = { name: 'train.ipynb', path: 'work/train.ipynb', kernelId: 'k-123456789', kernelName: 'Python 3',
                    kernelStatus: 'idle' };
     panel.setNotebook(info, { status: 'ok', device: 0, memory: [], warmup: { state: 'done' } });
     const names = () => Array.from(section.querySelectorAll('button')).map(b => b.textContent);
-    expect(names()).toEqual(['Interrupt', 'Release cache', 'Suspend', 'Restart', 'Shut down']);
+    expect(names()).toEqual(['Interrupt', 'Suspend', 'Restart', 'Shut down']);
     // suspended now: the server lists it, its process is gone from the GPU
     snap.devices[0].processes = snap.devices[0].processes!.slice(1);
     snap.suspended.push({ kernel_id: 'k-123456789', paths: ['work/train.ipynb'], moved: { '0': GIB }, moved_total: GIB });
@@ -339,8 +389,37 @@ describe('GpuPanel', () => {
     snap.devices[0].processes = twoGpus().devices[0].processes;
     snap.devices[0].processes![0].kernel!.execution_state = 'idle';
     panel.setSnapshot(snap);
-    expect(names()).toEqual(['Interrupt', 'Release cache', 'Restart', 'Shut down']);
+    expect(names()).toEqual(['Interrupt', 'Restart', 'Shut down']);
     expect(visibleText(panel.node)).not.toContain('Suspend');
     Widget.detach(panel);
+  });
+});
+
+describe('syncKeyed', () => {
+  it('keeps one node per key, in order, made once, updated in place and removed with its key', () => {
+    const container = document.createElement('ul');
+    const nodes = new Map<string, { root: HTMLElement; updates: number }>();
+    const made: string[] = [];
+    const sync = (keys: string[]) =>
+      syncKeyed(
+        container,
+        nodes,
+        keys.map(key => ({ key })),
+        key => {
+          made.push(key);
+          const root = document.createElement('li');
+          root.textContent = key;
+          return { root, updates: 0 };
+        },
+        node => node.updates++
+      );
+    sync(['a', 'b', 'c']);
+    const b = nodes.get('b')!.root;
+    sync(['c', 'b']);
+    expect(Array.from(container.children).map(c => c.textContent)).toEqual(['c', 'b']);
+    expect(nodes.get('b')!.root).toBe(b);
+    expect(nodes.get('b')!.updates).toBe(2);
+    expect(made).toEqual(['a', 'b', 'c']);
+    expect(nodes.has('a')).toBe(false);
   });
 });

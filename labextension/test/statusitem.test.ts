@@ -8,6 +8,7 @@ const GPU: IStatusView = {
   state: 'gpu',
   text: 'GPU0 37% 12.1G',
   description: "This notebook's GPU: cuda:0 NVIDIA H200. Click to open the GPU panel.",
+  badge: '',
   replay: false,
   warn: false,
   stale: false,
@@ -15,14 +16,16 @@ const GPU: IStatusView = {
 };
 
 describe('GpuStatusItem', () => {
-  it('starts by waiting for the server, and opens the panel on click', () => {
-    let clicked = 0;
-    const item = new GpuStatusItem(() => clicked++);
+  it('starts by waiting for the server, opens the panel on click and the dashboard on Ctrl- or ⌘-click', () => {
+    const clicks: boolean[] = [];
+    const item = new GpuStatusItem(dashboard => clicks.push(dashboard));
     const button = item.node.querySelector('button')!;
     expect(button.textContent).toBe('GPU …');
     expect(item.node.dataset.gpuctxState).toBe('waiting');
     button.click();
-    expect(clicked).toBe(1);
+    button.dispatchEvent(new MouseEvent('click', { ctrlKey: true }));
+    button.dispatchEvent(new MouseEvent('click', { metaKey: true }));
+    expect(clicks).toEqual([false, true, true]);
   });
 
   it("draws the notebook's GPU, the replay badge, the warning and stale data", () => {
@@ -33,9 +36,11 @@ describe('GpuStatusItem', () => {
     expect(button.getAttribute('aria-label')).toBe(GPU.description);
     expect(button.title).toBe(GPU.description);
     expect(item.node.dataset.gpuctxDevice).toBe('GPU-aaaa');
-    item.render({ ...GPU, replay: true, warn: true, stale: true });
+    item.render({ ...GPU, replay: true, badge: 'replay', warn: true, stale: true });
     expect(button.textContent).toBe('GPU0 37% 12.1G (replay)');
     expect(item.node.querySelector('.jp-gpuctx-status-replay')!.textContent).toBe('(replay)');
+    item.render({ ...GPU, replay: true, badge: 'replay, stale 12 s', warn: true, stale: true });
+    expect(button.textContent).toBe('GPU0 37% 12.1G (replay, stale 12 s)');
     expect(item.hasClass('jp-gpuctx-mod-replay')).toBe(true);
     expect(item.hasClass('jp-gpuctx-mod-warn')).toBe(true);
     expect(item.hasClass('jp-gpuctx-stale')).toBe(true);

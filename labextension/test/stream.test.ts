@@ -1,36 +1,18 @@
 import { describe, expect, it } from 'vitest';
 
-import { GpuStream, ISocket } from '../src/stream';
+import { GpuStream } from '../src/stream';
 import { ISnapshot } from '../src/types';
 import { NO_GPU, twoGpus } from './fixtures';
-
-class FakeSocket implements ISocket {
-  onopen: ((ev: unknown) => void) | null = null;
-  onmessage: ((ev: { data: unknown }) => void) | null = null;
-  onclose: ((ev: unknown) => void) | null = null;
-  onerror: ((ev: unknown) => void) | null = null;
-  closed = false;
-  constructor(public url: string) {}
-  close(): void {
-    this.closed = true;
-  }
-  // what the server does
-  open(): void {
-    this.onopen?.({});
-  }
-  send(msg: object): void {
-    this.onmessage?.({ data: JSON.stringify(msg) });
-  }
-  drop(): void {
-    this.onclose?.({});
-  }
-}
+import { FakeSocket } from './sockets';
 
 function setup(fetchSnapshot?: () => Promise<ISnapshot>) {
   const sockets: FakeSocket[] = [];
   const timers: { fn: () => void; ms: number; cleared: boolean }[] = [];
   const stream = new GpuStream({
-    url: i => `ws://x/gpuctx/api/stream?interval=${i}`,
+    url: (i, detail) =>
+      `ws://x/gpuctx/api/stream?interval=${i}` +
+      (detail.history ? `&history=${detail.history}` : '') +
+      (detail.throughput ? '&throughput=1' : ''),
     openSocket: url => {
       const s = new FakeSocket(url);
       sockets.push(s);
@@ -61,11 +43,52 @@ describe('GpuStream', () => {
     stream.demand('statusbar', true);
     expect(sockets).toHaveLength(1);
     expect(sockets[0].url).toBe('ws://x/gpuctx/api/stream?interval=1');
+    sockets[0].open();
     stream.demand('panel', false);
     expect(sockets[0].closed).toBe(false);
     stream.demand('statusbar', false);
     expect(sockets[0].closed).toBe(true);
     expect(stream.state).toBe('idle');
+  });
+
+  it('closes a socket that is still connecting only once it is open (no browser error)', () => {
+    // Chromium logs "WebSocket is closed before the connection is established" for a socket
+    // closed during its handshake: the page's demand flips like this while JupyterLab loads.
+    const { stream, sockets, got } = setup();
+    stream.demand('panel', true);
+    stream.demand('panel', false);
+    expect(sockets[0].closed).toBe(false);
+    expect(stream.state).toBe('idle');
+    stream.demand('panel', true);
+    expect(sockets).toHaveLength(2); // a new connection for the new demand, the old one let go
+    sockets[0].open();
+    expect(sockets[0].closed).toBe(true);
+    sockets[0].send({ type: 'snapshot', ...NO_GPU }); // too late: nobody listens to it
+    expect(got).toHaveLength(0);
+    sockets[1].open();
+    expect(sockets[1].closed).toBe(false);
+  });
+
+  it('asks for history and throughput, hands the history on, and reconnects to ask for more', () => {
+    const { stream, sockets } = setup();
+    const histories: unknown[] = [];
+    stream.historyReceived.connect((_, h) => histories.push(h));
+    stream.setDetail({ history: 120, throughput: false });
+    stream.demand('panel', true);
+    expect(sockets[0].url).toBe('ws://x/gpuctx/api/stream?interval=1&history=120');
+    sockets[0].open();
+    sockets[0].send({ type: 'history', time: 100, seconds: 120, gpus: {} });
+    expect(histories).toHaveLength(1);
+    expect(stream.snapshot).toBeNull(); // a history is not a snapshot
+    stream.setDetail({ history: 60, throughput: false }); // less: the page draws less, no reconnect
+    expect(sockets).toHaveLength(1);
+    stream.setDetail({ history: 3600, throughput: true }); // a dashboard opened
+    expect(sockets[0].closed).toBe(true);
+    expect(sockets[1].url).toBe('ws://x/gpuctx/api/stream?interval=1&history=3600&throughput=1');
+    sockets[1].open();
+    stream.setDetail({ history: 120, throughput: false }); // it closed: the server stops reading links
+    expect(sockets[1].closed).toBe(true);
+    expect(sockets).toHaveLength(3);
   });
 
   it('publishes snapshots and takes the granted interval from hello', () => {
@@ -113,6 +136,7 @@ describe('GpuStream', () => {
   it('reconnects with a new interval', () => {
     const { stream, sockets } = setup();
     stream.demand('panel', true);
+    sockets[0].open();
     stream.setInterval(5);
     expect(sockets[0].closed).toBe(true);
     expect(sockets[1].url).toContain('interval=5');

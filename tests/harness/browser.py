@@ -2,14 +2,21 @@
 system's /usr/bin/chromium), for tests that assert on what a person sees."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
+
+from .server import Server
 
 CHROMIUM = os.environ.get("GPUCTX_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[2]
 TRACE = REPO / "tests" / "data" / "h200-trace.jsonl"  # recorded on 2 x H200, replayed by the labs
+TRACE8 = TRACE.parent / "h200x8-composed-trace.jsonl"  # 8 GPUs composed from it (tests/harness/traces.py)
+# axe-core, a devDependency of labextension/ (installed by `make setup`), injected into pages
+AXE = REPO / "labextension" / "node_modules" / "axe-core" / "axe.min.js"
 # Screenshots go to a git-ignored folder, so `make test` leaves the tree clean; `make screenshots`
 # points this at docs/img to refresh the README's pictures on purpose.
 SCREENSHOTS = Path(os.environ.get("GPUCTX_SCREENSHOTS") or REPO / "build" / "screenshots")
@@ -29,8 +36,6 @@ LAB_ARGS = [
 
 def notebook_json(cell_id: str, source: str) -> str:
     """A one-cell notebook on the python3 kernel, as a file's text."""
-    import json
-
     return json.dumps({
         "cells": [{"cell_type": "code", "execution_count": None, "id": cell_id, "metadata": {}, "outputs": [],
                    "source": source}],
@@ -53,6 +58,63 @@ def missing_browser() -> str | None:
     except ImportError:
         return "the playwright package is not installed: `make setup` installs it"
     return None
+
+
+class Lab:
+    """A real `jupyter lab` (gpuctx enabled) over a folder, that can be stopped hard (`kill`),
+    hung (`pause`/`resume`: SIGSTOP/SIGCONT) and started again on the same port and token
+    (`restart`), so that a page it served stays loaded through an outage."""
+
+    def __init__(self, root: Path, args=(), env: dict | None = None):
+        self.root, self.args, self.env = root, [*args, *LAB_ARGS], env
+        self.orphans: list = []  # kernels a killed server left running, ended at stop()
+        self.server = Server(str(root), app="jupyterlab", args=self.args, env=env).start(timeout=120)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def token(self) -> str:
+        return self.server.token
+
+    def api(self, *args, **kwargs):
+        return self.server.api(*args, **kwargs)
+
+    def log(self) -> str:
+        return self.server.log()
+
+    def pause(self) -> None:
+        os.kill(self.server.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.server.proc.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        import psutil  # an ipykernel dependency
+
+        self.orphans += psutil.Process(self.server.proc.pid).children(recursive=True)
+        self.server.proc.kill()
+        self.server.proc.wait(20)
+        self.server.stop()  # closes its log
+
+    def restart(self) -> None:
+        old = self.server
+        new = Server(str(self.root), app="jupyterlab", args=self.args, env=self.env)
+        new.port, new.token = old.port, old.token
+        new.log_path = f"{old.log_path}.restarted"
+        self.server = new
+        new.start(timeout=120)
+        assert new.port == old.port, "the restarted server had to take another port: the page cannot reach it"
+
+    def stop(self) -> None:
+        proc = self.server.proc
+        if proc and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)  # a test that failed while it was stopped
+        self.server.stop()
+        for child in self.orphans:
+            if child.is_running():
+                child.kill()
 
 
 class Browser:
@@ -147,11 +209,24 @@ def shoot(page, panel, path: Path) -> None:
                                           "height": min(box["height"], bottom - box["y"] + 12)})
 
 
+def decline_news(page) -> None:
+    """Answer JupyterLab's own "notified about official Jupyter news?" toast, if it is up."""
+    toast = page.locator(".Toastify__toast", has_text="Jupyter news")
+    if toast.count():
+        toast.locator("button", has_text="No").click()
+        toast.wait_for(state="detached")
+
+
 def open_panel(page):
+    """The GPU panel, opened from its sidebar tab unless the restored layout already shows it."""
+    # JupyterLab's first load from a fresh server is slow when loaded; a reload restores the layout
+    # (the panel open or not) first: its tab clicked before that would close what it reopens
+    page.wait_for_function("() => !!window.jupyterapp", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.restored.then(() => true)")
     panel = page.locator("#gpuctx-panel")
     if not panel.is_visible():
         tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="gpuctx-panel"]')
-        tab.wait_for(timeout=120_000)  # JupyterLab's first load from a fresh server is slow when loaded
+        tab.wait_for(timeout=120_000)
         tab.click()
     panel.wait_for(state="visible")
     return panel
@@ -167,6 +242,39 @@ def confirm_action(page, action: str) -> str:
     dialog.locator("button.jp-mod-accept").click()
     dialog.wait_for(state="detached")
     return question
+
+
+def axe_violations(page, selector: str, impacts=("serious", "critical")) -> list[dict]:
+    """axe-core's WCAG 2.1 A/AA violations of `impacts` inside `selector` (injected into the page
+    once), each as {id, impact, help, nodes: [target, ...]}."""
+    if not page.evaluate("() => !!window.axe"):
+        page.add_script_tag(path=str(AXE))
+    found = page.evaluate("""async sel => {
+        const r = await axe.run(document.querySelector(sel),
+                                {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}});
+        return r.violations.map(v => ({id: v.id, impact: v.impact, help: v.help,
+                                       nodes: v.nodes.map(n => n.target.join(' ') + ': ' + n.failureSummary)}));
+    }""", selector)
+    return [v for v in found if v["impact"] in impacts]
+
+
+def notebook_with(cells: list[str]) -> str:
+    """A notebook of these code cells on the python3 kernel, as a file's text."""
+    return json.dumps({
+        "cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+                   "source": src} for i, src in enumerate(cells)],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    })
+
+
+def run_cell(page, index: int) -> str:
+    """Run the current notebook's cell `index` as Shift+Enter would; its output's text."""
+    page.evaluate("async i => { const nb = window.jupyterapp.shell.currentWidget; nb.content.activeCellIndex = i;"
+                  " await window.jupyterapp.commands.execute('notebook:run-cell'); }", index)
+    kernel_idle(page, timeout=60_000)
+    return page.evaluate("i => window.jupyterapp.shell.currentWidget.content.widgets[i].outputArea.node.innerText",
+                         index)
 
 
 def open_notebook(browser: Browser, lab, name: str):

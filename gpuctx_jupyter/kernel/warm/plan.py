@@ -70,6 +70,7 @@ class Step:
     detail: str = ""
     seconds: float | None = None
     cuda: str = ""  # after an import: "driver" or "context" when it touched CUDA (core/cuda_driver.py)
+    overlap: bool = False  # an import that runs in the background while the next steps go on
     # what to do, for the warm-up (not shown)
     module: str = ""
     names: tuple[str, ...] = ()
@@ -254,7 +255,63 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     for name in ("cupy", "jax", "numba"):
         if name in present:
             _other_steps(plan, name, signals, used.get(name))
+    order_by_need(plan, _first_gpu_cell(facts))
     return plan
+
+
+# -- the order the notebook needs them in -----------------------------------------------------------
+# Torch work by when the notebook's cells need it: CUDA and what a first GPU cell runs, then
+# training (autograd, the optimizer's step: torch._dynamo's import runs in the background from the
+# moment torch is imported, ~3 s of CPU that would otherwise stall the first training cell), then
+# precisions and other kernels.
+_FIRST_WORK = ("cuda_init", "alloc", "elementwise", "matmul_fp32")
+_TRAINING = ("backward", "optimizer", "grad_scaler")
+
+
+def _first_gpu_cell(facts: Facts) -> int | None:
+    cells = [w.cell for _n, w in facts.cuda_literals]
+    cells += [ev.where.cell for ev in facts.events if ev.kind == "device"]
+    if "gpu_work" in facts.signals:
+        cells.append(facts.signals["gpu_work"].cell)
+    return min(cells) if cells else None
+
+
+def _cell_of(step: Step) -> int | None:
+    if step.where.startswith("cell "):
+        try:
+            return int(step.where.split()[1].rstrip(","))
+        except (IndexError, ValueError):
+            return None
+    return None
+
+
+def order_by_need(plan: Plan, first_gpu_cell: int | None) -> None:
+    """The steps in the order the notebook's cells need them: set-up; the imports of the cells up to
+    the first GPU cell; CUDA on the notebook's device and what a first GPU cell runs; training;
+    precisions and other work; then the later cells' imports. torch._dynamo, where the notebook
+    trains, is imported in the background right after torch."""
+    steps = plan.steps
+
+    def late(s: Step) -> bool:
+        cell = _cell_of(s)
+        return first_gpu_cell is not None and cell is not None and cell > first_gpu_cell and not s.framework
+
+    setup = [s for s in steps if s.kind == "setup"]
+    imports = [s for s in steps if s.kind in ("import", "framework")]
+    early, later = [s for s in imports if not late(s)], [s for s in imports if late(s)]
+    work = [s for s in steps if s.kind in ("gpu", "cpu")]
+    first = [s for s in work if s.op in _FIRST_WORK]
+    training = [s for s in work if s.op in _TRAINING]
+    rest = [s for s in work if s not in first and s not in training]
+    if any(s.op == "optimizer" and s.state == "planned" for s in training):
+        torch_import = next((i for i, s in enumerate(early) if s.module == "torch" or
+                             (s.framework == "torch" and s.module.split(".")[0] == "torch")), None)
+        dynamo = Step("import", "import torch._dynamo", where=training[0].where, code=training[0].code,
+                      module="torch._dynamo", framework="torch", overlap=True,
+                      detail="what an optimizer's first use imports, in the background")
+        early.insert(len(early) if torch_import is None else torch_import + 1, dynamo)
+    plan.steps = setup + early + first + training + rest + later
+
 
 
 def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
@@ -388,7 +445,8 @@ def _devices(plan: Plan, facts: Facts) -> None:
 
 
 _OP_ORDER = ("alloc", "elementwise", "matmul_fp32", "matmul_bf16", "matmul_fp16", "conv", "conv_bf16", "attention",
-             "autocast", "backward", "optimizer", "grad_scaler")
+             "autocast", "backward", "optimizer", "grad_scaler", "compile")
+CPU_OPS = ("optimizer", "compile")  # steps that still help without a GPU (on the CPU)
 
 
 def _ordered(ops) -> list[str]:
@@ -396,8 +454,8 @@ def _ordered(ops) -> list[str]:
 
 
 def _torch_op(plan: Plan, op: str, where: str, code: str = "") -> None:
-    plan.add(Step("gpu" if op != "optimizer" else "cpu", op.replace("_", " "), where=where, code=code, op=op,
-                  framework="torch"))
+    name = "compile a tiny model (inductor)" if op == "compile" else op.replace("_", " ")
+    plan.add(Step("cpu" if op in CPU_OPS else "gpu", name, where=where, code=code, op=op, framework="torch"))
 
 
 def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
@@ -407,7 +465,7 @@ def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
     wanted: dict[str, tuple[str, str]] = {op: base for op in ("alloc", "elementwise", "matmul_fp32")}
     by_signal = {"bf16": ["matmul_bf16", "conv_bf16"], "fp16": ["matmul_fp16"], "autocast": ["autocast"],
                  "conv": ["conv"], "attention": ["attention"], "training": ["backward", "optimizer"],
-                 "grad_scaler": ["grad_scaler"], "tf32": ["matmul_fp32"]}
+                 "grad_scaler": ["grad_scaler"], "tf32": ["matmul_fp32"], "compile": ["compile"]}
     for signal, ops in by_signal.items():
         if signal in signals:
             for op in ops:
@@ -434,9 +492,10 @@ def _other_steps(plan: Plan, name: str, signals: dict, used=None) -> None:
     if name == "cupy":
         plan.add(Step("gpu", "cupy ops", where=where, code=code, op="cupy_ops", framework="cupy"))
     elif name == "jax":
-        plan.add(Step("framework", "import jax.numpy", where=where, code=code, framework="jax", module="jax.numpy",
-                      detail="imported only: JAX preallocates 75% of every GPU it starts on, so starting it is "
-                             "left to your notebook"))
+        plan.add(Step("framework", "import jax.numpy", where=where, code=code, framework="jax", module="jax.numpy"))
+        where, code = signals.get("jax_jit", (where, code))
+        plan.add(Step("cpu", "JAX backend and a tiny jit(grad)", where=where, code=code, op="jax_jit", framework="jax",
+                      detail="only while JAX does not preallocate (the server turns preallocation off)"))
     elif name == "numba" and "numba_cuda" in signals:
         where, code = signals["numba_cuda"]
         plan.add(Step("framework", "import numba.cuda", where=where, code=code, framework="numba",

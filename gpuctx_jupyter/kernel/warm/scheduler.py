@@ -109,6 +109,8 @@ class Warmer:
         self._importing: threading.Event | None = None  # set when the import in flight ends
         self._import_deadline = 0.0
         self._cell_started: float | None = None
+        self._background: list[threading.Event] = []  # imports running in the background
+        self._ordinals: list[int] | None = None  # the devices this warm-up works on
 
     @property
     def running(self) -> bool:
@@ -132,6 +134,7 @@ class Warmer:
                                     started=time.monotonic())
             self._under_way.clear()
             self._cell_started = None
+            self._background, self._ordinals = [], None
             self._user_gpu = self._holds_handles = False
             self._thread = threading.Thread(target=self._run, args=(make_plan, device), name="gpuctx-warmup",
                                             daemon=True)
@@ -303,23 +306,30 @@ class Warmer:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
         self._import_deadline = time.monotonic() + self.import_budget
-        for step in plan.steps:
-            if step.kind in ("import", "framework") and step.state == "planned":
-                self._import(step)
         gpu = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
-        imported = [s.framework for s in plan.steps if s.framework and s.kind in ("import", "framework")
-                    and s.state == "done"]
-        reason = None
-        if gpu:
-            reason = self._gpu_reason(plan, imported)
+        reason, decided = None, False
+        for kind, batch in _batches(plan.steps):  # in the plan's order: the order the notebook needs them
+            if kind == "import":
+                for step in batch:
+                    if step.state == "planned":
+                        self._import(step, wait=not step.overlap)
+                continue
+            todo = [s for s in batch if s.state == "planned"]
+            if not todo:
+                continue
+            if not decided:
+                imported = [s.framework for s in plan.steps if s.framework and s.kind in ("import", "framework")
+                            and s.state in ("done", "running")]
+                reason, decided = self._gpu_reason(plan, imported), True
             if reason:
-                self._cpu_steps(plan)
+                self._cpu_steps(plan, todo)
                 short = reason.split("; ", 1)[-1].split(":", 1)[0]  # "no GPU is visible", ...
-                for s in gpu:
+                for s in todo:
                     if s.state == "planned":
                         s.state, s.detail = "skipped", short
             else:
-                self._gpu_steps(plan, device)
+                self._gpu_steps(plan, device, todo)
+        self.wait_background()
         failed = [s for s in plan.steps if s.state == "failed"]
         if failed:
             first = failed[0]
@@ -406,9 +416,15 @@ class Warmer:
         return True
 
     # -- imports ------------------------------------------------------------------------------------
-    def _import(self, step: Step) -> None:
+    def wait_background(self) -> None:
+        """Until the imports running in the background have ended (or the import budget is spent)."""
+        for done in list(self._background):
+            done.wait(max(0.0, self._import_deadline - time.monotonic()))
+
+    def _import(self, step: Step, wait: bool = True) -> None:
         """Import in a helper thread, bounded by what is left of the import budget: an import that
-        hangs is left behind (recorded as such), not waited on."""
+        hangs is left behind (recorded as such), not waited on. With wait=False the import runs in
+        the background while the next steps go on (CUDA's C calls let go of the GIL meanwhile)."""
         if time.monotonic() >= self._import_deadline:
             step.state, step.detail = "skipped", f"the import budget ({self.import_budget:g} s) is spent"
             return
@@ -442,6 +458,23 @@ class Warmer:
                 exc = box["exc"]
                 raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
 
+        if not wait:
+            self._turn(step, heavy=True)
+            step.state, t0 = "running", time.perf_counter()
+
+            def background():
+                work()
+                step.seconds = time.perf_counter() - t0
+                if "exc" in box:
+                    exc = box["exc"]
+                    step.state, step.detail = "failed", f"{type(exc).__name__}: {exc}"
+                else:
+                    step.state = "done"
+                self.status.phases[step.name] = step.seconds
+
+            self._background.append(done)
+            threading.Thread(target=background, name="gpuctx-warmup-import", daemon=True).start()
+            return
         try:
             self._phase(step, run, heavy=True)
         finally:
@@ -502,25 +535,26 @@ class Warmer:
 
             sw.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
 
-    def _gpu_steps(self, plan: Plan, device) -> None:
-        ordinals = self._devices(plan, device)
-        self.status.device = ordinals[0]
-        template = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
-        for i, ordinal in enumerate(ordinals):
-            steps = template
+    def _gpu_steps(self, plan: Plan, device, steps: list[Step]) -> None:
+        """One batch of GPU work, on each device the notebook uses (the first batch picks them)."""
+        if self._ordinals is None:
+            self._ordinals = self._devices(plan, device)
+            self.status.device = self._ordinals[0]
+        for i, ordinal in enumerate(self._ordinals):
+            batch = steps
             if i:  # another device: the same work again, shown as its own steps
-                steps = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
-                              framework=s.framework, names=s.names) for s in template]
-                plan.steps += steps
+                batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
+                              framework=s.framework, names=s.names) for s in steps]
+                plan.steps += batch
             for fw in RECIPES:
-                mine = [s for s in steps if s.framework == fw]
+                mine = [s for s in batch if s.framework == fw]
                 if mine:
                     recipe(fw).gpu(self, mine, ordinal)
 
-    def _cpu_steps(self, plan: Plan) -> None:
+    def _cpu_steps(self, plan: Plan, steps: list[Step]) -> None:
         """No GPU: what each framework's recipe still does on the CPU."""
         for fw in RECIPES:
-            mine = [s for s in plan.steps if s.framework == fw and s.kind in ("gpu", "cpu") and s.state == "planned"]
+            mine = [s for s in steps if s.framework == fw and s.state == "planned"]
             if mine:
                 recipe(fw).cpu(self, mine)
 
@@ -550,3 +584,17 @@ def _imports_packages(source: str) -> bool:
 class _SteppedAside(Exception):
     """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread
     exits now, so that its handles go back to torch's pools for the user's thread."""
+
+
+def _batches(steps: list[Step]):
+    """Runs of consecutive steps of one sort: ("import", imports) or ("work", GPU/CPU work)."""
+    out: list[tuple[str, list[Step]]] = []
+    for step in steps:
+        if step.kind == "setup":
+            continue
+        kind = "import" if step.kind in ("import", "framework") else "work"
+        if out and out[-1][0] == kind:
+            out[-1][1].append(step)
+        else:
+            out.append((kind, [step]))
+    return out

@@ -1,5 +1,6 @@
-"""<base>/gpuctx/api/stream?interval=S: the devices snapshot pushed over a websocket, a "hello"
-message first, then a "snapshot" every `interval` seconds from the process's one sampler."""
+"""<base>/gpuctx/api/stream?interval=S[&history=S][&throughput=1]: the devices snapshot pushed over a
+websocket: a "hello" message first, the asked span of history (history.py), then a "snapshot" every
+`interval` seconds from the process's one sampler."""
 from __future__ import annotations
 
 import json
@@ -52,12 +53,16 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
         if interval != asked:
             bound = "min_interval" if interval > asked else "max_interval"
             hello["note"] = f"interval {asked:g} s is out of range: clamped to the server's {bound}, {interval:g} s"
+        if self.api.history is not None:  # ?history=<seconds>: what the first message will hold
+            hello["history"] = self.api.history.asked(self)
         return hello
 
     def open(self, *args, **kwargs):
         super().open()  # starts the keep-alive pings
         self.loop = IOLoop.current()
         self.write_message(json.dumps(self.hello))
+        if self.api.history is not None:  # the last minutes at once, before the first snapshot
+            self.api.history.connect(self)
         self.subscription = self.api.sampler.subscribe(self._on_sample, self.hello["interval"])
 
     def on_message(self, message):

@@ -34,6 +34,9 @@ class Run(Protocol):
     def import_module(self, step: Step) -> None:
         """Import `step.module` as an import step (bounded by the import budget)."""
 
+    def wait_background(self) -> None:
+        """Until the imports the plan runs in the background have ended."""
+
 
 class Recipe(Protocol):
     framework: str

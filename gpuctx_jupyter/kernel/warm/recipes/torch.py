@@ -34,6 +34,9 @@ class TorchRecipe:
                         continue
                     run.phase(step, functools.partial(train_step, torch, dev, step.names or ("adamw", "sgd")),
                               heavy=True, handles=True)
+                elif step.op == "compile":
+                    self._dynamo(run, step)
+                    run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True)
                 elif step.op in work:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
@@ -50,21 +53,28 @@ class TorchRecipe:
 
     def cpu(self, run, steps: list[Step]) -> None:
         """No GPU: what still helps on the CPU — the optimizer's torch._dynamo import and one
-        training step (autograd and the optimizers' first use)."""
-        step = next((s for s in steps if s.op == "optimizer" and s.state == "planned"), None)
-        if step is None or "torch" not in sys.modules:
-            if step is not None:
+        training step (autograd and the optimizers' first use), and a tiny compile (inductor's CPU
+        backend: its import, codegen and C++ toolchain's first use)."""
+        for step in steps:
+            if step.op not in ("optimizer", "compile") or step.state != "planned":
+                continue
+            if "torch" not in sys.modules:
                 step.state = "skipped"
-            return
-        import torch
+                continue
+            import torch
 
-        self._dynamo(run, step)
-        step.name = f"{step.name} on the CPU"
-        run.phase(step, lambda: train_step(torch, torch.device("cpu"), step.names or ("adamw", "sgd")), heavy=True)
+            self._dynamo(run, step)
+            step.name = f"{step.name} on the CPU"
+            cpu = torch.device("cpu")
+            work = (functools.partial(train_step, torch, cpu, step.names or ("adamw", "sgd")) if step.op == "optimizer"
+                    else functools.partial(compile_tiny, torch, cpu))
+            run.phase(step, work, heavy=True)
 
     @staticmethod
     def _dynamo(run, step: Step) -> None:
-        """What an optimizer's first use imports (~3 s of CPU), as a step of its own before it."""
+        """What an optimizer's first use imports (~3 s of CPU), as a step of its own before it
+        (the plan imports it in the background from the moment torch is imported: wait for that)."""
+        run.wait_background()
         if "torch._dynamo" in sys.modules:
             return
         dyn = Step("cpu", "import torch._dynamo", where=step.where, code=step.code, module="torch._dynamo",
@@ -193,3 +203,14 @@ def train_step(torch, dev, optimizers) -> None:
             loss.backward()
             opt.step()
         float(loss.detach())
+
+
+def compile_tiny(torch, dev) -> None:
+    """torch.compile's first use: dynamo, inductor's import and code generation, its compile
+    workers, a forward and a backward graph of a tiny model (the user's own model then compiles
+    in a fraction of the cold time; inductor's caches on disk keep what it generated)."""
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(dev)
+    fn = torch.compile(net)
+    x = torch.randn(4, 16, device=dev)
+    fn(x).sum().backward()
+    float(fn(x).sum().detach())
