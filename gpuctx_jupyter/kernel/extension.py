@@ -187,6 +187,7 @@ def unload(ip) -> None:
     if unhook is not None:
         unhook()
     magics.warmer.cancel_scheduled()
+    magics.workers.stop()
     magics.import_hook.remove()
     magics.switcher.threads.remove()
     kernel_view.unregister(ip)

@@ -20,6 +20,7 @@ from . import commands, doctor, hints, oom, reports
 from .render import gib, signed
 from .switching import WATCHED, Choice, PostImportHook, Switcher
 from .warmup import Warmer
+from .workers import GpuWorkers
 
 
 @magics_class
@@ -39,6 +40,7 @@ class GpuMagics(Magics):
         self.switcher = Switcher(cuda_starting=self._warmup_starting_cuda)
         self.warmer.switcher = self.switcher
         self.import_hook = PostImportHook(WATCHED, self.switcher.on_import)
+        self.workers = GpuWorkers(parent=shell)  # %gpu workers, %%on_gpu all (nothing starts until asked)
         self._count_cache: tuple[tuple, int] | None = None
         self.cell_thread_device: tuple[int | None, str | None] | None = None
         self._told_follow: bool | None = None  # what the last `%gpu use` note said about threads
@@ -155,7 +157,8 @@ class GpuMagics(Magics):
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
-        display(reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines()))
+        report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines())
+        display(self.workers.extend_status(report))
 
     def _gpu_mem(self, args):
         display(reports.memory_report(inventory.take()))
@@ -217,6 +220,9 @@ class GpuMagics(Magics):
 
         return monitor(*args.specs, interval=args.interval, history=args.history, replay=replay)
 
+    def _gpu_workers(self, args):
+        self.workers.command(args)
+
     def _gpu_doctor(self, args):
         display(doctor.report(doctor.diagnose(inventory.take(), self.warmer.status)))
 
@@ -244,6 +250,10 @@ class GpuMagics(Magics):
         # The docstring (what `%%on_gpu?` shows) is the table's help, set below the class.
         __tracebackhide__ = True  # noqa: F841 — keep our frames out of the user's traceback
         args = commands.parse(commands.ON_GPU, commands.split(line, "%%on_gpu"))
+        if self.workers.wanted(args.spec):
+            return self.workers.run_cell(args, cell)
+        if args.timeout is not None:
+            raise UsageError("--timeout is for the workers: `%%on_gpu all --timeout 600`")
         ordinal = self._fast_ordinal(args.spec)
         if ordinal is None:
             inv = inventory.take()
