@@ -252,9 +252,10 @@ class _Event:
 
 def _events(cell: _Cell) -> list[_Event]:
     out: list[_Event] = []
-    if cell.magic and cell.magic[0] == "on_gpu" and cell.magic[1]:
+    spec = cell.magic[1].split()[0] if cell.magic and cell.magic[0] == "on_gpu" and cell.magic[1] else ""
+    if spec and spec.lower() != "all" and "," not in spec:  # `all`, `0,1`: the workers' GPUs, not the kernel's
         where = f"cell {cell.number}, line {cell.offset}"
-        out.append(_Event("device", where, cell.lines[cell.offset - 1], device=cell.magic[1].split()[0]))
+        out.append(_Event("device", where, cell.lines[cell.offset - 1], device=spec))
     if cell.tree is None:
         return out
     for node in cell.tree.body:

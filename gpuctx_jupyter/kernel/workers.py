@@ -136,29 +136,28 @@ def check_free(gpus, inv: inventory.Inventory) -> None:
     entry = by_pid.get(os.getpid())
     if entry is not None:
         mine |= entry.pids
-    busy = []
-    for dev in gpus:
+
+    def foreign(dev):
         for p in dev.record.processes:
             holder = by_pid.get(p.pid)
-            if p.pid in mine or p.kind != "compute" or (holder is not None and holder.standby):
-                continue
-            if holder is not None:
-                who = f"another notebook, {holder.label()} (pid {p.pid}, {gib(p.used_memory)})"
-            else:
-                name = process_name(p.pid)
-                who = f"another process, pid {p.pid}" + (f" ({name}, {gib(p.used_memory)})" if name
-                                                         else f" ({gib(p.used_memory)})")
-            busy.append((dev, who))
-            break
+            if p.pid not in mine and p.kind == "compute" and not (holder is not None and holder.standby):
+                return p, holder
+        return None
+
+    busy = [(d, found) for d in gpus if (found := foreign(d))]
     if not busy:
         return
-    dev, who = busy[0]
-    held = {d.ordinal for d, _ in busy}
-    free = [d for d in inv.devices if d.ordinal not in held and not any(
-        p.pid not in mine and p.kind == "compute" for p in d.record.processes)]
+    dev, (p, holder) = busy[0]
+    if holder is not None:
+        who = f"another notebook, {holder.label()} (pid {p.pid}, {gib(p.used_memory)})"
+    else:
+        name = process_name(p.pid)
+        who = f"another process, pid {p.pid} ({name + ', ' if name else ''}{gib(p.used_memory)})"
+    free = [d for d in inv.devices if not foreign(d)]
     more = f" (and {len(busy) - 1} more of the chosen GPUs)" if len(busy) > 1 else ""
-    hint = (f"choose free GPUs (`%gpu workers start {','.join(str(d.ordinal) for d in free)}`) or add --share"
-            if free else "free it first, or add --share to use it anyway")
+    named = ",".join(str(d.ordinal) for d in free) if len(free) > 1 else f"cuda:{free[0].ordinal}" if free else ""
+    hint = (f"choose free GPUs (`%gpu workers start {named}`) or add --share" if free
+            else "free it first, or add --share to use it anyway")
     raise UsageError(one_line(f"cuda:{dev.ordinal} ({dev.record.name}) is in use by {who}{more}: {hint}"))
 
 
