@@ -695,9 +695,12 @@ def _profile_count(which, cluster, probe, profile: str, cpu: bool) -> int:
         return n
     if which.lower() != "all":
         raise UsageError(f"with --profile give a count or all, not {which!r}")
-    n = cluster.n or getattr(probe, "engine_count", None)
+    per_host = getattr(probe, "engines", None)  # the SSH launcher's {host: count or {"n": count}}
+    n = cluster.n or getattr(probe, "engine_count", None) or (sum(
+        v.get("n", 1) if isinstance(v, dict) else int(v) for v in per_host.values()) if per_host else 0)
     if not n:
-        raise UsageError(f"profile {profile!r} sets no number of engines (c.Cluster.n): give one, "
+        raise UsageError(f"profile {profile!r} sets no number of engines (c.Cluster.n, or the SSH launcher's "
+                         f"engines): give one, "
                          f"`%gpu workers start 4 --profile {profile}`")
     return int(n)
 
