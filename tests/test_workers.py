@@ -13,6 +13,7 @@ import pytest
 
 from .harness import kernels
 from .harness.kernels import reply_to, run, wait_idle
+from .harness.notebooks import notebook
 from .harness.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -52,9 +53,13 @@ def kernel_pid(kc) -> int:
 
 @pytest.fixture(scope="module")
 def workers_kernel(tmp_path_factory):
-    """A real kernel in its own folder with gpuctx loaded and two CPU workers started."""
+    """A real kernel in its own folder with gpuctx loaded and two CPU workers started, for a
+    notebook that imports numpy and trains with AdamW (what the workers' warm-up reads)."""
     folder = tmp_path_factory.mktemp("workers")
-    km, kc = kernels.start(cwd=str(folder))
+    notebook(folder / "train.ipynb", ["%load_ext gpuctx\n%gpu workers start 2", "import numpy as np",
+                                      "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1)])"])
+    km, kc = kernels.start(env={"JPY_SESSION_NAME": str(folder / "train.ipynb"), "GPUCTX_WARM": "0"},
+                           cwd=str(folder))
     try:
         assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
         r = run(kc, START, timeout=300)
@@ -79,6 +84,37 @@ def test_start_says_no_gpu_and_starts_two_gloo_workers_in_the_notebooks_folder(w
     # the workers are this kernel's own processes: the server finds a kernel's memory through them
     mine = {p.pid for p in tree(kernel_pid(kc))}
     assert {w["pid"] for w in ranks} <= mine
+
+
+def test_each_worker_warmed_up_with_the_notebooks_plan(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%%on_gpu all\nfrom gpuctx_jupyter.kernel import worker_side\n"
+                "w = worker_side._warmer\n{s.name: s.state for s in w.plan.steps}, w.status.state")
+    assert r.reply["status"] == "ok", r.text
+    steps, state = eval(r.data[-1]["text/plain"])  # rank 0's; every rank's in _ranks
+    assert state == "skipped" and steps["import numpy"] == "done" and steps["import torch"] == "done"
+    assert steps["optimizer step (AdamW) on the CPU"] == "done"  # no GPU: what still helps, on the CPU
+    assert run(kc, "print(len({repr(v) for v in _ranks}))").stdout.strip() == "1"  # the same on both ranks
+
+
+def test_output_is_shown_per_rank_while_the_cell_runs(workers_kernel, tmp_path):
+    _, kc, _, _ = workers_kernel
+    release = tmp_path / "release"
+    msg_id = kc.execute(f"%%on_gpu all\nimport os, time, torch.distributed as dist\n"
+                        f"print(f'first from {{dist.get_rank()}}', flush=True)\n"
+                        f"while not os.path.exists({str(release)!r}): time.sleep(0.02)\nprint('second')")
+    shown = ""
+    while not ("first from 0" in shown and "first from 1" in shown):  # before the cell can finish
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("display_data",
+                                                                                "update_display_data"):
+            shown = msg["content"]["data"]["text/plain"]
+    assert "── rank 0 · cpu · running" in shown and "── rank 1 · cpu · running" in shown
+    assert "second" not in shown
+    release.touch()
+    reply = reply_to(kc, msg_id, timeout=60)
+    assert reply["content"]["status"] == "ok"
+    wait_idle(kc, msg_id)
 
 
 def test_all_reduce_gives_every_rank_the_sum_and_rank_0s_value_comes_back(workers_kernel):
@@ -236,3 +272,24 @@ def test_workers_end_with_their_kernel_on_restart_and_on_sigkill(tmp_path):
         wait_for(lambda: gone(below), timeout=60)
     finally:
         kernels.stop(km, kc)
+
+
+def test_the_ddp_example_trains_on_two_gloo_workers_and_their_weights_agree(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    nb = nbformat.read(os.path.join(repo, "examples", "ddp.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=300, km=kernels.manager("python3"),
+                   resources={"metadata": {"path": os.path.join(repo, "examples")}}).execute()
+    nbformat.write(nb, tmp_path / "ddp-run.ipynb")  # for a person to look at when this fails
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    outputs = [o for c in code for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "\n".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert "starting 2 CPU workers with gloo" in text and "2 workers ready in" in text
+    losses = [float(m) for m in re.findall(r"epoch \d: loss ([0-9.]+)", text)]
+    assert len(losses) == 4 and losses[-1] < losses[0] / 10  # it learns
+    assert "2 ranks, one set of weights:" in text  # DDP kept the ranks' weights equal
+    assert "this notebook's workers" in text and text.rstrip().endswith(
+        "gpuctx: stopped 2 workers and their ipyparallel controller")

@@ -42,6 +42,9 @@ from .commands import one_line
 from .render import Report, Section, gib
 
 log = logging.getLogger("gpuctx.workers")
+# ipyparallel's own messages (each engine's output when it stops, at WARNING) would land in the
+# cell: gpuctx reports what went wrong itself, in one line.
+log.setLevel(logging.ERROR)
 MAX_WORKERS = 256
 _COUNT = re.compile(r"[0-9]+", flags=re.ASCII)
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
