@@ -42,9 +42,9 @@ from .commands import one_line
 from .render import Report, Section, gib
 
 log = logging.getLogger("gpuctx.workers")
-# ipyparallel's own messages (each engine's output when it stops, at WARNING) would land in the
-# cell: gpuctx reports what went wrong itself, in one line.
-log.setLevel(logging.ERROR)
+# ipyparallel's own messages (each engine's output when it stops, at WARNING; its clean-up, at
+# ERROR) would land in the cell: gpuctx reports what went wrong itself, in one line.
+log.setLevel(logging.CRITICAL)
 MAX_WORKERS = 256
 _COUNT = re.compile(r"[0-9]+", flags=re.ASCII)
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
@@ -518,6 +518,11 @@ class GpuWorkers(Configurable):
 
             threading.Thread(target=stop, name="gpuctx-workers-stop", daemon=True).start()
             done.wait(30)
+            # ipyparallel reads each process's log once it has noticed the end: then the folder can go
+            launchers = [cluster.controller, *cluster.engines.values()]
+            deadline = time.monotonic() + 5
+            while any(x is not None and x.state != "after" for x in launchers) and time.monotonic() < deadline:
+                time.sleep(0.05)
         if client is not None:
             try:
                 client.close(linger=0)
