@@ -254,9 +254,14 @@ def test_without_ipyparallel_start_says_how_to_install_it_and_starts_nothing(wor
     assert {p.pid for p in tree(pid)} <= before
 
 
-def test_workers_end_with_their_kernel_on_restart_and_on_sigkill(tmp_path):
+def test_workers_end_with_the_extension_and_their_kernel_on_restart_and_on_sigkill(tmp_path):
     km, kc = kernels.start(cwd=str(tmp_path))
     try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        below = tree(kernel_pid(kc))
+        assert run(kc, "%unload_ext gpuctx").reply["status"] == "ok"  # undoes everything loading did
+        wait_for(lambda: gone(below), timeout=60)
         assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
         assert run(kc, START, timeout=300).reply["status"] == "ok"
         below = tree(kernel_pid(kc))

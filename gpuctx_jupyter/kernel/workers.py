@@ -377,23 +377,24 @@ class GpuWorkers(Configurable):
         if isinstance(cluster.controller, LocalControllerLauncher):
             self._remember(cluster.controller)
         set_id = cluster.start_engines_sync(n, engine_cmd=engine_cmd, environment=env)
-        from ipyparallel.cluster.launcher import LocalProcessLauncher
+        from ipyparallel.cluster.launcher import LocalProcessLauncher, SSHLauncher
 
         engine_set = cluster.engines[set_id]
         for launcher in [engine_set, *getattr(engine_set, "launchers", {}).values()]:
-            if type(launcher).__name__ in ("LocalEngineLauncher", "MPIEngineSetLauncher") and isinstance(
-                    launcher, LocalProcessLauncher):
-                self._remember(launcher)
+            if isinstance(launcher, LocalProcessLauncher) and not isinstance(launcher, SSHLauncher):
+                self._remember(launcher)  # a process here (an engine, mpiexec); not a remote PID
         return n, "cpu" if cpu else "gpu"
 
     def _remember(self, launcher) -> None:
         """A local process ipyparallel started: ended at teardown even if ipyparallel cannot."""
         import psutil
 
-        try:
-            self._processes.append(psutil.Process(launcher.pid))
-        except (psutil.Error, AttributeError, ValueError, TypeError):
-            pass
+        pid = getattr(launcher, "pid", -1)
+        if isinstance(pid, int) and pid > 0:
+            try:
+                self._processes.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
 
     def _wait_registered(self, n: int, deadline: float) -> list[int]:
         """Connect a client and wait until `n` engines have registered; a worker that exits first,
