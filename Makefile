@@ -53,6 +53,9 @@ endif
 $(STAMP): pyproject.toml labextension/package.json labextension/yarn.lock
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# Re-installing into a venv set up before: its link to the build output goes first, or pip
+	# writes the wheel's install.json through it into gpuctx_jupyter/labextension.
+	rm -rf $(VENV)/share/jupyter/labextensions/gpuctx-jupyterlab
 	# torch 2.13.0 is a quick CPU build on the project's machines; a GPU machine keeps its own.
 	$(PY) -m pip install -q -e ".[test,lab]" "torch==2.13.0"
 	rm -rf $(VENV)/share/jupyter/labextensions/gpuctx-jupyterlab

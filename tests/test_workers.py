@@ -159,8 +159,29 @@ def test_an_exception_on_one_rank_shows_its_traceback_and_the_workers_go_on(work
     assert "before 0" in shown and "before 1" in shown
     r = run(kc, "print(_ranks)")
     assert r.stdout.strip() == "['fine', None]"
+    r = run(kc, "%%on_gpu all\nprint('no closing parenthesis'")  # every rank fails alike: one traceback
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.reply["traceback"]))
+    assert r.reply["evalue"].startswith("ranks 0, 1 of 2 failed: SyntaxError")
+    assert tb.count("── ") == 1 and "── rank 0 · cpu, rank 1 · cpu: SyntaxError" in tb
     r = run(kc, "%%on_gpu all\nimport torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()")
     assert r.reply["status"] == "ok" and r.data[-1]["text/plain"] == "2.0"
+
+
+def test_ranks_still_running_after_a_failure_are_interrupted_and_the_failure_is_what_is_shown(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    run(kc, "get_ipython()._gpuctx_magics.workers.failure_grace = 1")  # c.GpuWorkers.failure_grace
+    try:
+        r = run(kc, "%%on_gpu all\nimport time, torch.distributed as dist\n"
+                    "if dist.get_rank() == 1:\n    raise ValueError('rank 1 gives up')\n"
+                    "time.sleep(120)  # as a rank waiting for it in a collective would", timeout=120)
+    finally:
+        run(kc, "get_ipython()._gpuctx_magics.workers.failure_grace = 10")
+    assert r.reply["ename"] == "RanksFailed" and r.reply["evalue"] == "rank 1 of 2 failed: ValueError: rank 1 gives up"
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.reply["traceback"]))
+    assert "── rank 1 · cpu: ValueError" in tb and "── rank 0" not in tb
+    assert re.search(r"rank 0 · cpu \(pid \d+\) was interrupted 1 s after it; the workers are ready", tb)
+    r = run(kc, "%%on_gpu all\n'again'")
+    assert r.reply["status"] == "ok"
 
 
 def test_interrupt_reaches_every_rank_and_the_workers_go_on(workers_kernel, tmp_path):

@@ -66,11 +66,15 @@ class RanksFailed(Exception):
                          f"{getattr(first, 'ename', '')}: {getattr(first, 'evalue', first)}")
 
     def _render_traceback_(self) -> list[str]:
-        lines = []
+        """Each failing rank's traceback; ranks that failed alike (a syntax error) share one."""
+        alike: dict[str, list] = {}
         for w, err in self.failures:
-            lines.append(f"\x1b[1;31m── {w.label}: {getattr(err, 'ename', type(err).__name__)}\x1b[0m")
-            tb = getattr(err, "traceback", None)
-            lines.extend((tb or str(err)).splitlines())
+            alike.setdefault(getattr(err, "traceback", None) or str(err), []).append((w, err))
+        lines = []
+        for tb, group in alike.items():
+            labels = ", ".join(w.label for w, _ in group)
+            lines.append(f"\x1b[1;31m── {labels}: {getattr(group[0][1], 'ename', type(group[0][1]).__name__)}\x1b[0m")
+            lines.extend(tb.splitlines())
         lines.append(f"%%on_gpu: {self}; {self.note}")
         return lines
 
@@ -195,6 +199,8 @@ class CellRun:
                 except Exception:  # noqa: BLE001
                     pass
         groups.refresh(final=True)
+        failures = [(w, ars[w.rank].exception()) for w in self.chosen
+                    if ars[w.rank].done() and ars[w.rank].exception() is not None]
         if died or stuck:
             exit_words = workers.exit_words(died[0]) if died else ""
             self._stop_all()
@@ -202,10 +208,13 @@ class CellRun:
                 raise UsageError(one_line(
                     f"{_named(died)} died mid-cell{exit_words}: the other workers were stopped, as their process group "
                     "lost a member; `%gpu workers start` starts new ones"))
-            raise UsageError(one_line(
-                f"{_named(stuck)} did not stop within {workers.interrupt_grace:g} s of the {why} (stuck in C code or "
-                "in a collective?): the workers were stopped; `%gpu workers start` starts new ones"))
-        failures = [(w, ars[w.rank].exception()) for w in self.chosen if ars[w.rank].exception() is not None]
+            stopped = (f"{_named(stuck)} did not stop within {workers.interrupt_grace:g} s of the "
+                       f"{'interrupt that followed' if why == 'failure' else why}")
+            if why == "failure":  # the failure is what matters: its traceback, and what became of the rest
+                raise RanksFailed(failures, len(self.chosen), f"{stopped} (waiting for it in a collective?): the "
+                                  "workers were stopped; `%gpu workers start` starts new ones")
+            raise UsageError(one_line(f"{stopped} (stuck in C code or in a collective?): the workers were stopped; "
+                                      "`%gpu workers start` starts new ones"))
         values = self._values([w for w in self.chosen if ars[w.rank].exception() is None])
         self.shell.user_ns["_ranks"] = [values.get(w.rank) for w in self.chosen]
         interrupted = [w for w, err in failures if getattr(err, "ename", "") == "KeyboardInterrupt"]
@@ -217,7 +226,14 @@ class CellRun:
             raise UsageError(one_line(f"{_named(interrupted)} did not finish within {self.timeout:g} s (--timeout): "
                                       "interrupted; the workers are ready for the next cell"))
         if failures:
-            raise RanksFailed(failures, len(self.chosen), "the workers are ready for the next cell")
+            first = [w for w, err in failures if getattr(err, "ename", "") != "KeyboardInterrupt"]
+            late = [w for w, err in failures if w not in first]
+            note = "the workers are ready for the next cell"
+            if why == "failure" and late and first:
+                note = (f"{_named(late)} {'was' if len(late) == 1 else 'were'} interrupted "
+                        f"{workers.failure_grace:g} s after it; {note}")
+                failures = [(w, err) for w, err in failures if w in first]
+            raise RanksFailed(failures, len(self.chosen), note)
         return values.get(self.chosen[0].rank)
 
     def _wait(self, ars: dict, groups: Groups) -> tuple[list, list, str]:
@@ -228,45 +244,43 @@ class CellRun:
         pending = dict(ars)
         start, signalled, failed_at, why, last = time.monotonic(), None, None, "", 0.0
         while pending:
-            try:
+            try:  # an Interrupt may come at any point of a round
                 done, _ = concurrent.futures.wait(list(pending.values()), timeout=REFRESH_S)
+                now = time.monotonic()
+                for rank in [r for r, ar in pending.items() if ar in done]:
+                    exc = pending.pop(rank).exception()
+                    if exc is not None and getattr(exc, "ename", "") == "EngineError":
+                        groups.states[rank] = "died"
+                        return [], [by_rank[rank]], "death"
+                    groups.states[rank] = (f"failed ({getattr(exc, 'ename', type(exc).__name__)})" if exc is not None
+                                           else f"done in {now - start:.1f} s")
+                    if exc is not None and failed_at is None:
+                        failed_at = now
+                dead = [w for w in workers.died() if w.rank in pending]
+                if dead:
+                    for w in dead:
+                        groups.states[w.rank] = "died"
+                    return [], dead, "death"
+                if now - last >= REFRESH_S:
+                    groups.refresh()
+                    last = now
+                if not pending:
+                    break
+                if signalled is None:
+                    if self.timeout and now - start > self.timeout:
+                        why = "timeout"
+                    elif failed_at is not None and now - failed_at > workers.failure_grace:
+                        why = "failure"
+                    if why:
+                        signalled = now
+                        self._interrupt([by_rank[r] for r in pending])
+                elif now - signalled > workers.interrupt_grace:
+                    return [by_rank[r] for r in pending], [], why
             except KeyboardInterrupt:
                 if why == "interrupt":  # a second Interrupt: stop now
                     return [by_rank[r] for r in pending], [], why
                 why, signalled = "interrupt", time.monotonic()
                 self._interrupt([by_rank[r] for r in pending])
-                continue
-            now = time.monotonic()
-            for rank in [r for r, ar in pending.items() if ar in done]:
-                ar = pending.pop(rank)
-                exc = ar.exception()
-                if exc is not None and getattr(exc, "ename", "") == "EngineError":
-                    groups.states[rank] = "died"
-                    return [], [by_rank[rank]], "death"
-                groups.states[rank] = (f"failed ({getattr(exc, 'ename', type(exc).__name__)})" if exc is not None
-                                       else f"done in {now - start:.1f} s")
-                if exc is not None and failed_at is None:
-                    failed_at = now
-            dead = [w for w in workers.died() if w.rank in pending]
-            if dead:
-                for w in dead:
-                    groups.states[w.rank] = "died"
-                return [], dead, "death"
-            if now - last >= REFRESH_S:
-                groups.refresh()
-                last = now
-            if not pending:
-                break
-            if signalled is None:
-                if self.timeout and now - start > self.timeout:
-                    why = "timeout"
-                elif failed_at is not None and now - failed_at > workers.failure_grace:
-                    why = "failure"
-                if why:
-                    signalled = now
-                    self._interrupt([by_rank[r] for r in pending])
-            elif now - signalled > workers.interrupt_grace:
-                return [by_rank[r] for r in pending], [], {"failure": "interrupt that followed a failure"}.get(why, why)
         return [], [], why
 
     def _interrupt(self, ranks) -> None:

@@ -178,8 +178,8 @@ class Worker:
     uuid: str = ""  # its GPU; "" for a CPU worker
     gpu_name: str = ""
     ordinal: int | None = None  # this kernel's CUDA ordinal of that GPU, when it sees it
-    state: str = "starting"  # starting | ready | busy | failed | died
-    detail: str = ""
+    state: str = "starting"  # starting | ready | busy (died: read from its process, `died()`)
+    warm: str = ""  # its warm-up's summary
     memory: dict = field(default_factory=dict)  # as it last reported (allocators, nvml)
     phases: dict = field(default_factory=dict)
 
@@ -482,7 +482,7 @@ class GpuWorkers(Configurable):
                                                  per_host[w.host], addr, port, self.backend, warm)
                for w in self.ranks]
         for w, result in zip(self.ranks, wait_results(ars, deadline, self, "join torch.distributed"), strict=True):
-            w.state, w.phases, w.detail = "ready", result["phases"], result["warm"]
+            w.state, w.phases, w.warm = "ready", result["phases"], result["warm"]
 
     def _ready_line(self) -> str:
         n = len(self.ranks)
@@ -618,6 +618,8 @@ class GpuWorkers(Configurable):
         if self.started:
             lines.append(f"ready in {self.ready_in:.1f} s, {_ago(time.time() - self.started)}; {self.cells} "
                          f"cell{'s' if self.cells != 1 else ''} run with %%on_gpu")
+        if self.ranks and self.ranks[0].warm:
+            lines.append(f"rank 0's warm-up: {self.ranks[0].warm}")
         lines.append(f"started by ipyparallel profile {self.profile!r}" if self.profile
                      else "local processes of this kernel: they end with it")
         lines.append("`%%on_gpu all` runs a cell on every rank; `%gpu workers stop` ends them")
