@@ -15,7 +15,7 @@ from IPython.core.error import UsageError
 from gpuctx_jupyter import contract
 from gpuctx_jupyter.core import inventory, nvml
 from gpuctx_jupyter.core.devices import GpuProcess
-from gpuctx_jupyter.kernel.workers import check_free, choose
+from gpuctx_jupyter.kernel.worker_placement import check_free, choose
 
 from .harness.gpus import GIB, h200
 
