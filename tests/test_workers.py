@@ -47,6 +47,13 @@ def gone(procs) -> bool:
     return True
 
 
+def private_folder(kc) -> str:
+    """The ipyparallel profile folder gpuctx made for the kernel's workers (removed with them)."""
+    folder = run(kc, "print(get_ipython()._gpuctx_magics.workers._private_profile)").stdout.strip()
+    assert os.path.isdir(folder)
+    return folder
+
+
 def kernel_pid(kc) -> int:
     return int(run(kc, "import os; print(os.getpid())").stdout)
 
@@ -287,15 +294,16 @@ def test_workers_end_with_the_extension_and_their_kernel_on_restart_and_on_sigki
         assert run(kc, START, timeout=300).reply["status"] == "ok"
         below = tree(kernel_pid(kc))
         assert len(below) >= 3  # the controller and two engines (and what they started)
+        folder = private_folder(kc)
         km.restart_kernel(now=False)  # a shutdown request, as JupyterLab's Restart sends
         kc.wait_for_ready(timeout=60)
-        wait_for(lambda: gone(below), timeout=60)
+        wait_for(lambda: gone(below) and not os.path.exists(folder), timeout=60)
         assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
         assert run(kc, START, timeout=300).reply["status"] == "ok"
-        pid = kernel_pid(kc)
+        pid, folder = kernel_pid(kc), private_folder(kc)
         below = tree(pid)
         os.kill(pid, signal.SIGKILL)  # no clean-up of its own: each worker watches its kernel
-        wait_for(lambda: gone(below), timeout=60)
+        wait_for(lambda: gone(below) and not os.path.exists(folder), timeout=60)
     finally:
         kernels.stop(km, kc)
 

@@ -33,6 +33,7 @@ ENV_PARENT = "GPUCTX_WORKER_PARENT"  # "pid:start time:boot id" of the kernel: t
 ENV_RANK = "GPUCTX_WORKER_RANK"  # the rank, for the engines the kernel starts itself
 ENV_PLACE = "GPUCTX_WORKER_PLACE"  # "gpu" or "cpu": engines a launcher starts choose their own GPU
 ENV_WARM = "GPUCTX_WORKER_WARM"  # "0": no warm-up
+ENV_FOLDER = "GPUCTX_WORKER_FOLDER"  # the controller's: the private profile folder to remove at the end
 TRAINING_OPS = ("backward", "optimizer")  # workers train: warm a backward and an optimizer step too
 # What MPI and Slurm tell a process about its place on its host, in the order they are tried.
 LOCAL_RANK_VARS = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
@@ -75,9 +76,10 @@ def alive(pid: int, created: float) -> bool:
         return False
 
 
-def watch_parent(token: str, every: float = WATCH_EVERY_S) -> threading.Thread | None:
-    """End this process and what it started once the process `token` names is gone. None when
-    that process is on another machine, or not visible from here (another PID namespace)."""
+def watch_parent(token: str, every: float = WATCH_EVERY_S, folder: str = "") -> threading.Thread | None:
+    """End this process and what it started once the process `token` names is gone (and remove
+    `folder`, the cluster's private profile folder). None when that process is on another
+    machine, or not visible from here (another PID namespace)."""
     try:
         pid_text, created_text, boot = token.split(":", 2)
         pid, created = int(pid_text), float(created_text)
@@ -91,16 +93,19 @@ def watch_parent(token: str, every: float = WATCH_EVERY_S) -> threading.Thread |
             time.sleep(every)
         print(f"gpuctx worker {os.getpid()}: the kernel that started it (pid {pid}) is gone: ending",
               file=sys.__stderr__, flush=True)
-        end_tree()
+        end_tree(folder=folder)
 
     thread = threading.Thread(target=watch, name="gpuctx-watch-kernel", daemon=True)
     thread.start()
     return thread
 
 
-def end_tree(grace: float = END_GRACE_S) -> None:
+def end_tree(grace: float = END_GRACE_S, folder: str = "") -> None:
     """SIGTERM to this process and everything below it (ipyparallel stops cleanly on it), then,
-    for whatever is still there after `grace` s (a cell stuck in C code), SIGKILL and exit."""
+    for whatever is still there after `grace` s (a cell stuck in C code), SIGKILL and exit,
+    removing `folder` last."""
+    import shutil
+
     import psutil
 
     me = psutil.Process()
@@ -117,6 +122,8 @@ def end_tree(grace: float = END_GRACE_S) -> None:
             proc.kill()
         except psutil.Error:
             pass
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
     os._exit(1)
 
 
@@ -190,7 +197,7 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m gpuctx_jupyter.kernel.worker_entry engine|controller [ARGS]")
     token = os.environ.get(ENV_PARENT)
     if token:
-        watch_parent(token)
+        watch_parent(token, folder=os.environ.get(ENV_FOLDER, "") if role == "controller" else "")
     if role == "engine":
         if os.environ.get(ENV_PLACE):
             place(os.environ[ENV_PLACE])
@@ -200,7 +207,14 @@ def main(argv: list[str]) -> None:
     else:
         from ipyparallel.controller.app import main as run
     sys.argv = [f"ip{role}", *rest]
-    run()
+    folder = os.environ.get(ENV_FOLDER, "") if role == "controller" else ""
+    try:
+        run()
+    finally:  # the controller writes its engines' state there as it stops: the folder goes after it
+        if folder:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- asked by the kernel through ipyparallel's apply ---------------------------------------------------

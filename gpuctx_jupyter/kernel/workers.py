@@ -215,10 +215,10 @@ class GpuWorkers(Configurable):
         and, by UUID, its one GPU. The engines do not wait for the controller's connection info,
         so their imports and warm-up overlap the controller's start."""
         self._private_profile = tempfile.mkdtemp(prefix="gpuctx-workers-")
-        cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False,
-                                    send_engines_connection_env=False)
-        cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"],
-                                      environment=self._ours())
+        cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
+                                    send_engines_connection_env=False)  # no cluster file: nothing to reconnect to
+        own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
+        cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
         common = dict(self._ours(), **{worker_side.ENV_WARM: "1" if warm else "0"})
         if n > 1 and "OMP_NUM_THREADS" not in os.environ:
@@ -445,6 +445,11 @@ class GpuWorkers(Configurable):
                 proc.send_signal(signal.SIGTERM)
             except Exception:  # noqa: BLE001
                 pass
+        if self._private_profile:  # once they are gone: ipyparallel writes there as it stops
+            import psutil
+
+            psutil.wait_procs(processes, timeout=3)
+            shutil.rmtree(self._private_profile, ignore_errors=True)
 
     def died(self) -> list[Worker]:
         """The ranks whose process is gone (local: its PID; remote: unregistered)."""
