@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from .harness import hosts, kernels
+from .harness.gpus import NO_GPU
 from .harness.kernels import run
 from .harness.waiting import wait_for
 
@@ -68,6 +69,7 @@ def test_two_engine_groups_from_a_profiles_launcher_are_one_process_group(two_ho
     wait_for(lambda: not alive([w["pid"] for w in who]), timeout=60)
 
 
+@pytest.mark.skipif(not NO_GPU, reason="needs a machine without a GPU: there every engine has one")
 def test_an_engine_without_a_gpu_on_its_host_is_one_line_and_nothing_stays(two_hosts):
     kc, folder = two_hosts
     r = run(kc, f"%gpu workers start 2 --profile {folder}", timeout=300)

@@ -23,7 +23,7 @@ def start_workers(srv, path: str) -> tuple[str, int, list[int]]:
     ks = srv.channels(kid)
     try:
         ks.wait_ready()
-        r = ks.execute("%load_ext gpuctx\n%gpu workers start 2", timeout=300)
+        r = ks.execute("%load_ext gpuctx\n%gpu workers start 2 --cpu", timeout=300)
         assert r.reply["status"] == "ok", r.text
         r = ks.execute("import json, os\nw = get_ipython()._gpuctx_magics.workers\n"
                        "print(json.dumps([os.getpid(), [r.pid for r in w.ranks]]))")
