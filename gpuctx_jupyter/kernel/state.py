@@ -26,6 +26,7 @@ class KernelState:
         # (CUDA device, torch default device) of the thread that runs cells, as the last cell left
         # them: the control channel answers from its own thread, and both are per thread.
         self.cell_thread_device: tuple[int | None, str | None] | None = None
+        self.workers = None  # GpuWorkers of `%gpu workers`, made by the magics on first use
 
     def _warmup_starting_cuda(self) -> bool:
         return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
