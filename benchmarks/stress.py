@@ -136,10 +136,15 @@ def queries(package: str, n: int, clients: int) -> dict:
             "p95_ms": round(1000 * latencies[int(0.95 * len(latencies)) - 1], 1)}
 
 
+def pool_standbys(run) -> int:
+    """Standbys the server's pool reports (the warm reserve and the imports standby): processes
+    the kernel list rightly leaves out."""
+    return len((run.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or [])
+
+
 def restarts(package: str, n: int, pool: bool) -> dict:
     args = ["--GpuctxServer.pool_size=1", "--GpuctxServer.warm_policy=always"] if pool else []
     with Run(package, *args) as run:
-        standbys = 1 if pool else 0
         if pool and not run.wait(lambda: len(run.kernels()) >= 1, 90):
             return {"error": "no standby started"}
         kid = run.srv.start_kernel()
@@ -153,9 +158,9 @@ def restarts(package: str, n: int, pool: bool) -> dict:
         for code, _ in answers:
             codes[str(code)] = codes.get(str(code), 0) + 1
         listed = lambda: len(run.srv.api("GET", "/api/kernels")[1])  # noqa: E731
-        run.wait(lambda: len(run.kernels()) == listed() + standbys, 60)
+        run.wait(lambda: len(run.kernels()) == listed() + pool_standbys(run), 60)
         time.sleep(2)  # and it stays so
-        extra = len(run.kernels()) - listed() - standbys
+        extra = len(run.kernels()) - listed() - pool_standbys(run)
         answers_after = run.srv.api("GET", f"/gpuctx/api/kernels/{kid}")[0]
         n_listed = listed()
         log = run.srv.log()
@@ -276,9 +281,8 @@ def churn(package: str, rounds: int, max_age: float = 6.0) -> dict:
             http_500 += code >= 500
         wall = time.perf_counter() - t_all
         listed = lambda: len(run.srv.api("GET", "/api/kernels")[1])  # noqa: E731
-        standbys = lambda: len((run.srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}).get("standbys") or [])  # noqa: E731
-        run.wait(lambda: len(run.kernels()) <= listed() + standbys(), 60)
-        untracked = max(0, len(run.kernels()) - listed() - standbys())
+        run.wait(lambda: len(run.kernels()) <= listed() + pool_standbys(run), 60)
+        untracked = max(0, len(run.kernels()) - listed() - pool_standbys(run))
         log = run.srv.log()
     slow.sort()
     return {"rounds": rounds, "pool_max_age_s": max_age, "standby_state_at_open": states, "adopted": adopted,

@@ -7,8 +7,8 @@
 # notebooks benchmark runs on its own, within a time limit: scripts/gpu-notebooks.sh.
 #
 # The machine needs python3 (or the project's .venv, or $PYTHON) with torch (CUDA) and pytest;
-# the Jupyter packages come from .devwheels/ when present (../shared/device/wheelhouse.sh builds
-# it), else must be installed.
+# the Jupyter packages and ipyparallel come from .devwheels/ when present (scripts/gpu-wheels.sh
+# builds it), else must be installed.
 # Results (test log, benchmark JSON) go to $OUT when set, else benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +23,7 @@ if [ "$part" != benchmarks ]; then
 fi
 [ "$part" = tests ] && exit $status
 for bench in benchmarks/on_gpu_overhead.py benchmarks/sampler_cost.py "benchmarks/first_cell.py --pool" \
-             benchmarks/thread_start.py; do
+             benchmarks/thread_start.py benchmarks/workers.py; do
   name="$(basename "${bench%% *}" .py)"
   "$py" $bench --json "$results/$name.json" 2>&1 | tee -a "$results/benchmarks.log" || status=1
 done

@@ -1,16 +1,16 @@
 # Sourced by the GPU scripts (gpu-check.sh, gpu-notebooks.sh, oom-demo.sh), from the repository
 # root: sets `py` (the project's .venv when there is one, else python3; PYTHON overrides),
-# `results` ($OUT, else benchmarks/results/) and PYTHONPATH. A Python without jupyter_server (the
-# GPU machine) gets the Jupyter stack from .devwheels (../shared/device/wheelhouse.sh), installed
-# once into /tmp/gpuctx-site.
+# `results` ($OUT, else benchmarks/results/) and PYTHONPATH. A Python without jupyter_server or
+# ipyparallel (the GPU machine) gets the Jupyter stack from .devwheels, installed once into
+# /tmp/gpuctx-site; build it where there is a network with scripts/gpu-wheels.sh.
 py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 export PYTHON="$py"
 results="${OUT:-benchmarks/results}"
 mkdir -p "$results"
 export PYTHONPATH="$PWD"
-if ! "$py" -c "import jupyter_server" 2>/dev/null; then
-  if [ ! -d /tmp/gpuctx-site/jupyter_server ]; then
-    ls .devwheels/*.whl >/dev/null 2>&1 || { echo "no jupyter_server for $py, and no .devwheels/ to install it from"; exit 1; }
+if ! "$py" -c "import jupyter_server, ipyparallel" 2>/dev/null; then
+  if [ ! -d /tmp/gpuctx-site/jupyter_server ] || [ ! -d /tmp/gpuctx-site/ipyparallel ]; then
+    ls .devwheels/*.whl >/dev/null 2>&1 || { echo "no jupyter_server or ipyparallel for $py, and no .devwheels/ to install them from (scripts/gpu-wheels.sh)"; exit 1; }
     "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpuctx-site .devwheels/*.whl || exit 1
   fi
   export PYTHONPATH="/tmp/gpuctx-site:$PWD"

@@ -136,7 +136,7 @@ def test_question_mark_help_is_the_docstring(shell):
     info = shell.object_inspect("%gpu")
     assert info["found"] and "%gpu use auto" in info["docstring"]
     assert GpuMagics.gpu.__doc__ == commands.overview()  # written once: the table
-    assert "usage: %%on_gpu [--default] [--time] [--mem] spec" in shell.object_inspect("%%on_gpu")["docstring"]
+    assert "usage: %%on_gpu [--default] [--time] [--mem] [--timeout S] spec" in shell.object_inspect("%%on_gpu")["docstring"]
 
 
 def test_help_is_evenly_indented(shell, capsys, monkeypatch):
@@ -157,7 +157,7 @@ def test_help_is_evenly_indented(shell, capsys, monkeypatch):
 
 @pytest.mark.parametrize(("name", "usage"), [
     ("use", "usage: %gpu use [--default | --no-default] [--no-threads] [spec]"),
-    ("on_gpu", "usage: %%on_gpu [--default] [--time] [--mem] spec"),
+    ("on_gpu", "usage: %%on_gpu [--default] [--time] [--mem] [--timeout S] spec"),
     ("%%on_gpu", "usage: %%on_gpu ["),
     ("warm", "usage: %gpu warm ["),
     ("status", "usage: %gpu status\n"),
@@ -173,7 +173,8 @@ def test_help_for_one_subcommand_shows_its_usage_as_typed(shell, capsys, name, u
 def test_suggestions_come_from_the_table(shell):
     with pytest.raises(UsageError, match=r"did you mean `%gpu help monitor`\?"):
         gpu(shell, "help moniter")
-    assert commands.SUBCOMMANDS == ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "help")
+    assert commands.SUBCOMMANDS == ("list", "use", "status", "mem", "free", "doctor", "warm", "monitor", "workers",
+                                   "help")
     for command in commands.COMMANDS:
         handler = "on_gpu" if command.cell else f"_gpu_{command.name}"
         assert command.handler == handler and callable(getattr(shell.magics_manager.registry["GpuMagics"], handler))

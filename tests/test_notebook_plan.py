@@ -255,6 +255,7 @@ def test_bf16_attention_notebook(tmp_path):
 @pytest.mark.parametrize("cells, devices", [
     (["%load_ext gpuctx\n%gpu use 1", "import torch"], ["1"]),
     (["%%on_gpu 0\nimport torch\nx = torch.ones(1)"], ["0"]),
+    (["%%on_gpu all\nimport torch\nx = torch.ones(1)", "%%on_gpu 0,1\nx"], []),  # the workers' GPUs
     (["import torch\ntorch.cuda.set_device(1)"], ["1"]),
     (["import torch\na = torch.ones(1, device='cuda:0')\nb = torch.ones(1, device='cuda:1')"], ["0", "1"]),
     (["%gpu use 1", "import torch\nb = torch.ones(1, device=torch.device('cuda', 0))"], ["1", "0"]),

@@ -233,6 +233,24 @@ def test_the_kernel_refuses_its_consent_while_a_cell_runs(kernel, tmp_path):
     assert reply_to(kc, msg_id, 30)["content"]["status"] == "ok"
 
 
+def test_the_kernel_refuses_its_consent_while_it_has_data_parallel_workers(kernel):
+    pytest.importorskip("ipyparallel")
+    from .harness.gpus import NO_GPU
+
+    kc, _pid, _ = kernel
+    started = run(kc, "%gpu workers start 1" + ("" if NO_GPU else " --cpu"), timeout=300)
+    assert started.reply["status"] == "ok", started.text
+    try:
+        refused = control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"]
+        assert refused["status"] == "refused" and refused["message"].startswith("it has data-parallel workers")
+        assert "`%gpu workers stop` first" in refused["message"]
+    finally:
+        assert run(kc, "%gpu workers stop", timeout=120).reply["status"] == "ok"
+    consent = control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"]
+    assert consent["status"] == "ok"
+    assert control(kc, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["content"]["state"] == "running"
+
+
 def test_a_failed_restore_answers_the_cell_with_the_reason_and_the_variables_stay(kernel, fake):
     kc, pid, _ = kernel
     run(kc, "x = 41")

@@ -379,9 +379,10 @@ def _magic_line(cell: _Cell, node) -> str | None:
 
 def _events(cell: _Cell) -> list[Event]:
     out: list[Event] = []
-    if cell.magic and cell.magic[0] == "on_gpu" and cell.magic[1]:
+    spec = cell.magic[1].split()[0] if cell.magic and cell.magic[0] == "on_gpu" and cell.magic[1] else ""
+    if spec and spec.lower() != "all" and "," not in spec:  # `all`, `0,1`: the workers' GPUs, not the kernel's
         where = Where(cell.number, cell.offset, cell.lines[cell.offset - 1])
-        out.append(Event("device", where, device=cell.magic[1].split()[0]))
+        out.append(Event("device", where, device=spec))
     if cell.tree is None:
         return out
     for node in cell.tree.body:

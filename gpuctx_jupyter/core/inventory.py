@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from . import frameworks as fws
 from . import nvml
 from .devices import GpuRecord, Visibility, VisibleDevice, resolve_visibility
-from .procs import ns_pids
+from .procs import descendants, ns_pids
 
 
 @dataclass
@@ -91,28 +91,39 @@ def _adopt_truth(inv: Inventory, uuids: list[str]) -> None:
 
 def own_pids() -> set[int]:
     """This process's PIDs as NVML may report them: our own, plus the outer ones from NSpid
-    where /proc shows them (NVML lists host PIDs; inside a PID namespace ours differ)."""
+    where /proc shows them (NVML lists host PIDs; inside a PID namespace ours differ) — and those
+    of every process it started (`%gpu workers`, DataLoader workers): their GPU memory is this
+    kernel's, as the server counts a kernel's descendants."""
     pids = {os.getpid()}
     pids.update(ns_pids("self"))
+    for child in descendants(os.getpid()):
+        pids.add(child)
+        pids.update(ns_pids(child))
     return pids
 
 
 class OwnPids:
     """Which NVML PIDs are this process, also inside a container, where NVML lists host PIDs
     that /proc does not show. Three rules, in order:
-    1. our PID, or an outer PID that /proc/self/status NSpid lists;
+    1. our PID, an outer PID that /proc/self/status NSpid lists, or a process we started (and
+       its aliases), read on every update;
     2. learnt: when torch's reserved memory on a GPU changes by Δ between two reads and exactly
        one unmatched NVML process on that GPU changed by the same Δ, that process is us;
     3. alone: torch holds memory on a GPU and NVML lists exactly one process there.
     """
 
     def __init__(self):
-        self.pids = own_pids()
         self.learnt: set[int] = set()
         self._last: dict[str, tuple[int, dict[int, int]]] = {}  # uuid -> (our reserved, nvml used by pid)
 
+    @property
+    def pids(self) -> set[int]:
+        """Rule 1, read now: the processes this kernel starts come and go."""
+        return own_pids()
+
     def update(self, inv: Inventory) -> set[int]:
-        known = self.pids | self.learnt
+        own = self.pids
+        known = own | self.learnt
         reserved = _torch_reserved()
         for d in inv.devices:
             procs = {p.pid: p.used_memory or 0 for p in d.record.processes}
@@ -129,7 +140,7 @@ class OwnPids:
             if len(procs) == 1 and mine > 0:
                 self.learnt.add(next(iter(procs)))
             self._last[d.record.uuid] = (mine, procs)
-        return self.pids | self.learnt
+        return own | self.learnt
 
 
 def _torch_reserved() -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""What /proc says about a process: its PIDs in every PID namespace, its command name, its owner.
+"""What /proc says about a process: its PIDs in every PID namespace, its children, its command
+name, its owner.
 
 NVML lists GPU processes by host PID; inside a container a process knows itself by another. The
 NSpid line of /proc/<pid>/status gives both, so the kernel (recognising itself) and the server
@@ -6,6 +7,7 @@ NSpid line of /proc/<pid>/status gives both, so the kernel (recognising itself) 
 """
 from __future__ import annotations
 
+import glob
 import os
 
 PROC = "/proc"
@@ -31,6 +33,31 @@ def process_name(pid: int, proc: str = PROC) -> str | None:
             return fh.read().strip() or None
     except OSError:
         return None
+
+
+def children(pid: int, proc: str = PROC) -> list[int]:
+    """The direct children of `pid` (every thread's, from /proc/<pid>/task/*/children); empty
+    where /proc does not show them."""
+    found = []
+    for path in glob.glob(os.path.join(proc, str(pid), "task", "*", "children")):
+        try:
+            with open(path) as fh:
+                found.extend(int(p) for p in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def descendants(pid: int, proc: str = PROC) -> set[int]:
+    """Every process below `pid` (children, theirs, ...), not `pid` itself."""
+    seen: set[int] = set()
+    todo = children(pid, proc)
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo.extend(children(p, proc))
+    return seen
 
 
 def owner(pid: int, proc: str = PROC) -> int | None:

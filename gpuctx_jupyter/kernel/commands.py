@@ -120,10 +120,17 @@ COMMANDS: tuple[Command, ...] = (
                        "cell raises or is interrupted"),
         ("%%on_gpu 1 --default --time --mem", "... with device-less tensors on `cuda:1`, and a line reporting "
                                               "wall time, GPU time (CUDA events) and peak/net allocator memory"),
-    ], [arg("spec", help=SPEC_HELP),
+        ("%%on_gpu all", "run the cell on every worker of `%gpu workers` at once: output grouped per rank and "
+                         "shown live, each failing rank's traceback, Interrupt reaches every rank; returns rank 0's "
+                         "value of the last expression (every rank's in `_ranks`); names stay on the workers"),
+        ("%%on_gpu 0,1 --timeout 600", "... on the workers of `cuda:0` and `cuda:1` only, interrupting ranks "
+                                       "still running after 600 s"),
+    ], [arg("spec", help=SPEC_HELP + "; all, or GPUs separated by commas (0,1): the workers of %%gpu workers"),
         arg("--default", action="store_true", help="tensors created without a device land on it too (torch)"),
         arg("--time", action="store_true", help="report GPU time (CUDA events) beside wall time"),
-        arg("--mem", action="store_true", help="report peak and net allocator memory on that GPU (torch)")],
+        arg("--mem", action="store_true", help="report peak and net allocator memory on that GPU (torch)"),
+        arg("--timeout", type=_seconds, metavar="S",
+            help="workers only: interrupt the ranks still running after S seconds")],
         cell=True, handler="on_gpu"),
     _command("status", "this kernel's GPU state", [
         ("%gpu status", "the device in force and who chose it; per framework its state and current device; "
@@ -163,6 +170,26 @@ COMMANDS: tuple[Command, ...] = (
         arg("--history", type=_seconds, default=60.0, help="seconds of history in the plot (default 60)"),
         arg("--replay", metavar="TRACE", help=("play a recorded NVML trace instead of the live GPUs (labelled as "
                                                "a replay; record one with `python -m gpuctx_jupyter.trace record`)"))]),
+    _command("workers", "warm data-parallel workers for this notebook, one per GPU, on ipyparallel", [
+        ("%gpu workers start all", "one warm worker per visible GPU, pinned to it (`CUDA_VISIBLE_DEVICES` names "
+                                   "it by UUID), warmed with the notebook's plan (imports, CUDA, a training step) "
+                                   "and in torch.distributed (NCCL; `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, "
+                                   "`MASTER_ADDR`, `MASTER_PORT` set), in the notebook's folder and environment; "
+                                   "they end with the kernel"),
+        ("%gpu workers start 0,1", "workers on `cuda:0` and `cuda:1`, numbered as `%gpu use` numbers them; "
+                                   "`%gpu workers start 2`: the first two GPUs, or two CPU workers with gloo where "
+                                   "no GPU is visible (`--cpu` asks for CPU workers)"),
+        ("%gpu workers start 8 --profile mpi", "eight engines that the launchers of ipyparallel profile `mpi` start "
+                                               "(MPI, SSH, Slurm: docs/workers.md), each on a GPU of its host"),
+        ("%gpu workers", "the workers: rank, GPU, pid, state, GPU memory; `%gpu workers stop` ends them"),
+    ], [arg("action", nargs="?", choices=("start", "stop", "list"), help="start, stop, or list (the default)"),
+        arg("which", nargs="?", help="start: all (the default), a count, or GPUs separated by commas (0,1)"),
+        arg("--profile", metavar="P", help="an ipyparallel profile (name or folder) whose launchers start the engines"),
+        arg("--cpu", action="store_true", help="CPU workers (gloo), also where GPUs are visible"),
+        arg("--share", action="store_true", help="use GPUs that another process computes on too"),
+        arg("--no-warm", action="store_true", help="no warm-up: only torch.distributed"),
+        arg("--master-addr", metavar="ADDR",
+            help="the address the other ranks reach rank 0 at (default: 127.0.0.1 on one host, else its host name)")]),
     _command("help", "help on the GPU magics", [
         ("%gpu help [SUBCOMMAND]", "every subcommand with an example (also `%gpu?`); `%gpu help use` for one "
                                    "subcommand's options"),

@@ -78,6 +78,8 @@ def unload(ip) -> None:
     ip.events.unregister("post_run_cell", st.after_cell)
     start.unhook_kernel_info(ip)
     st.warmer.cancel_scheduled()
+    if st.workers is not None:
+        st.workers.stop()
     st.import_hook.remove()
     st.switcher.threads.remove()
     suspend.uninstall(ip)

@@ -20,6 +20,7 @@ from .render import gib, signed
 from .state import KernelState
 from .switching import Choice, Switcher
 from .warm.scheduler import Warmer
+from .workers import GpuWorkers
 
 
 @magics_class
@@ -47,6 +48,13 @@ class GpuMagics(Magics):
     @property
     def warmer(self) -> Warmer:
         return self.state.warmer
+
+    @property
+    def workers(self) -> GpuWorkers:
+        """%gpu workers and %%on_gpu all (made on first use; nothing starts until asked)."""
+        if self.state.workers is None:
+            self.state.workers = GpuWorkers(parent=self.shell)
+        return self.state.workers
 
     @observe("follow_threads")
     def _follow_threads_changed(self, change):
@@ -139,7 +147,8 @@ class GpuMagics(Magics):
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
-        display(reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines()))
+        report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines())
+        display(self.workers.extend_status(report))
 
     def _gpu_mem(self, args):
         display(reports.memory_report(inventory.take()))
@@ -201,6 +210,9 @@ class GpuMagics(Magics):
 
         return monitor(*args.specs, interval=args.interval, history=args.history, replay=replay)
 
+    def _gpu_workers(self, args):
+        self.workers.command(args)
+
     def _gpu_doctor(self, args):
         display(doctor.report(doctor.diagnose(inventory.take(), self.warmer.status)))
 
@@ -228,6 +240,10 @@ class GpuMagics(Magics):
         # The docstring (what `%%on_gpu?` shows) is the table's help, set below the class.
         __tracebackhide__ = True  # noqa: F841 — keep our frames out of the user's traceback
         args = commands.parse(commands.ON_GPU, commands.split(line, "%%on_gpu"))
+        if self.workers.wanted(args.spec):
+            return self.workers.run_cell(args, cell)
+        if args.timeout is not None:
+            raise UsageError("--timeout is for the workers: `%%on_gpu all --timeout 600`")
         ordinal = self._fast_ordinal(args.spec)
         if ordinal is None:
             inv = inventory.take()

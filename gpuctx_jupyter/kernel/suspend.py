@@ -6,7 +6,8 @@ checkpointed its CUDA calls wait until the memory is back, and some calls the pr
 crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So the kernel:
 
 - consents first (contract.SUSPEND_PREPARE_REQUEST, on the control channel, answered by
-  kernel_view with `Gate.prepare`), or refuses: while a cell runs, while the warm-up runs, when it
+  kernel_view with `Gate.prepare`), or refuses: while a cell runs, while the warm-up runs, while
+  it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
   uses GPU memory another process shared with it (CUDA IPC: the driver could not restore such a
   process);
 - from its consent on, restores itself before every shell request that may run the user's code —
@@ -125,6 +126,10 @@ class Gate:
     def _refusal(self) -> str | None:
         if self.kernel_state.warmer.running:
             return "its warm-up is still running on the GPU: try again once `%gpu status` says it is done"
+        workers = self.kernel_state.workers
+        if workers is not None and workers.running:
+            return ("it has data-parallel workers (%gpu workers), processes of their own that the driver would "
+                    "leave on the GPU (and NCCL across processes cannot be checkpointed): `%gpu workers stop` first")
         if shares_cuda_memory():
             return ("it uses GPU memory another process shared with it (CUDA IPC, e.g. a DataLoader worker's CUDA "
                     "tensors): the driver could not restore it")

@@ -9,13 +9,12 @@ out; the /proc and psutil reads are small functions beside it, so tests can poin
 """
 from __future__ import annotations
 
-import glob
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ..core.devices import GpuProcess
+from ..core import procs
 from ..core.procs import PROC, ns_pids, process_name
 
 try:
@@ -55,14 +54,7 @@ def child_table() -> Callable[[int], Iterable[int]]:
 
 
 def proc_children(pid: int, proc: str = PROC) -> list[int]:
-    children = []
-    for path in glob.glob(os.path.join(proc, str(pid), "task", "*", "children")):
-        try:
-            with open(path) as fh:
-                children.extend(int(p) for p in fh.read().split())
-        except (OSError, ValueError):
-            continue
-    return children
+    return procs.children(pid, proc)
 
 
 def kernel_pids(pid: int | None, reported: int | None, children: Callable[[int], Iterable[int]],

@@ -22,6 +22,7 @@ class Run:
     error: dict | None = None
     messages: list[dict] = field(default_factory=list)
     seconds: float = 0.0  # request sent -> reply and idle received (when measured)
+    displays: dict[str, int] = field(default_factory=dict)  # display_id -> its index in `data`
 
     def absorb(self, msg: dict) -> None:
         """Add one iopub message of this cell."""
@@ -32,7 +33,14 @@ class Run:
             else:
                 self.stderr += content["text"]
         elif kind in ("display_data", "execute_result"):
+            display_id = (content.get("transient") or {}).get("display_id")
+            if display_id:
+                self.displays[display_id] = len(self.data)
             self.data.append(content["data"])
+        elif kind == "update_display_data":  # a frontend replaces what that display shows
+            index = self.displays.get((content.get("transient") or {}).get("display_id"))
+            if index is not None:
+                self.data[index] = content["data"]
         elif kind == "error":
             self.error = content
             self.stderr += "\n".join(content.get("traceback", []))

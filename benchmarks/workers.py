@@ -1,0 +1,239 @@
+"""Data-parallel training from a notebook: gpuctx's warm workers against accelerate's
+notebook_launcher and torchrun, the same DDP loop in one run.
+
+    python benchmarks/workers.py [--workers N] [--cpu] [--steps 200] [--json out.json]
+
+The loop (`train` below, identical in all three): a 4-layer MLP in DistributedDataParallel with
+AdamW on synthetic data already on the device; one step, then `--warm-steps`, then `--steps`
+timed. Rank 0 reports when its first step finished and its steps/s. Cases, in this order:
+
+  %gpu workers      a real ipykernel: `%gpu workers start all` (→ ready), then a `%%on_gpu all`
+                    cell calling train (→ first step), then the same cell again
+  notebook_launcher a real ipykernel that has imported torch (no CUDA): accelerate's
+                    notebook_launcher(train, num_processes=N), twice (each call starts new processes)
+  torchrun          `python -m torch.distributed.run --standalone --nproc_per_node N` on a script
+                    holding the same train
+
+Times are wall clock from the request (the cell sent, the process started) to rank 0's first
+step; steps/s is rank 0's. Without a GPU (`--cpu`, or none visible) the loop is small and runs on
+CPU workers with gloo. Prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from gpuctx_jupyter.core import inventory  # noqa: E402
+from tests.harness import kernels  # noqa: E402
+
+# The one training loop every case runs (as source: a kernel cell, a worker cell, a script).
+LOOP = '''
+def train(t0, steps, out, warm_steps=10, dim=4096, batch=1024):
+    import json, os, socket, time
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cuda = torch.cuda.is_available()
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # a launcher that runs one process in place sets nothing
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    # torchrun's and accelerate's processes see every GPU; a gpuctx worker sees its own as cuda:0
+    device = torch.device("cuda", local if torch.cuda.device_count() > 1 else 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    layers = [nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, dim), nn.GELU(),
+              nn.Linear(dim, dim)]
+    model = DDP(nn.Sequential(*layers).to(device), device_ids=[device.index] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(batch, dim, device=device), torch.randn(batch, dim, device=device)
+
+    def step():
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    step()
+    sync()
+    first = time.time()
+    for _ in range(warm_steps):
+        step()
+    sync()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    rate = steps / (time.perf_counter() - t)
+    if dist.get_rank() == 0:
+        with open(out, "w") as fh:
+            json.dump({"first_step_at": first, "first_step_s": first - t0, "steps_per_s": rate,
+                       "world": dist.get_world_size(), "device": str(device)}, fh)
+    return rate
+'''
+
+
+def report(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
+
+
+def ok(r, what: str):
+    if r.reply.get("status") != "ok":
+        raise RuntimeError(f"{what} failed: {r.text[-3000:]}")
+    return r
+
+
+def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str) -> list[dict]:
+    km, kc = kernels.start(env={"GPUCTX_WARM": "0"}, cwd=tmp)
+    rows = []
+    try:
+        ok(kernels.run(kc, "%load_ext gpuctx"), "load")
+        which = f"{n} --cpu" if cpu else "all" if n == len(inventory.take().devices) else str(n)
+        t0 = time.time()
+        start = ok(kernels.run(kc, f"%gpu workers start {which}", timeout=600), "%gpu workers start")
+        ready = time.time() - t0
+        print(start.stdout.strip().splitlines()[-1])
+        for label in ("%gpu workers: first cell", "%gpu workers: the cell again"):
+            out = os.path.join(tmp, f"ours-{len(rows)}.json")
+            sent = time.time()
+            cell = "%%on_gpu all\n" + LOOP + f"\nrate = train({sent}, {steps}, {out!r}, **{size!r})"
+            ok(kernels.run(kc, cell, timeout=600), label)
+            r = report(out)
+            row = {"case": label, "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"],
+                   "world": r["world"], "device": r["device"]}
+            if not rows:
+                row.update(ready_s=ready, start_to_first_step_s=r["first_step_at"] - t0)
+            rows.append(row)
+        kernels.run(kc, "%gpu workers stop", timeout=120)
+    finally:
+        kernels.stop(km, kc)
+    return rows
+
+
+def accelerate_case(n: int, steps: int, size: dict, tmp: str) -> list[dict]:
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        return [{"case": "notebook_launcher", "skipped": "accelerate is not installed"}]
+    km, kc = kernels.start(env={"GPUCTX_WARM": "0"}, cwd=tmp)
+    rows = []
+    try:
+        ok(kernels.run(kc, "import torch\nfrom accelerate import notebook_launcher\n" + LOOP), "imports")
+        for label in ("notebook_launcher: first call", "notebook_launcher: called again"):
+            out = os.path.join(tmp, f"accelerate-{len(rows)}.json")
+            sent = time.time()
+            ok(kernels.run(kc, f"notebook_launcher(train, args=({sent}, {steps}, {out!r}, 10, {size['dim']}, "
+                               f"{size['batch']}), num_processes={n}, use_port='{free_port()}')", timeout=600), label)
+            r = report(out)
+            rows.append({"case": label, "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"],
+                         "world": r["world"], "device": r["device"]})
+    finally:
+        kernels.stop(km, kc)
+    return rows
+
+
+def torchrun_case(n: int, steps: int, size: dict, tmp: str) -> list[dict]:
+    script = os.path.join(tmp, "train_ddp.py")
+    with open(script, "w") as fh:
+        fh.write(LOOP + "\nif __name__ == '__main__':\n    import sys\n"
+                 f"    train(float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], 10, {size['dim']}, {size['batch']})\n")
+    out = os.path.join(tmp, "torchrun.json")
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+                           script, str(t0), str(steps), out], capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun failed: {done.stderr[-3000:]}")
+    r = report(out)
+    return [{"case": "torchrun", "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"],
+             "world": r["world"], "device": r["device"]}]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def machine() -> dict:
+    inv = inventory.take()
+    import torch
+
+    return {"gpus": [d.record.name for d in inv.devices], "no_gpu": inv.no_gpu_reason(), "python": platform.python_version(),
+            "torch": torch.__version__, "host": platform.node(), "date": time.strftime("%Y-%m-%d")}
+
+
+def table(rows: list[dict]) -> str:
+    head = ["case", "ready", "first step", "start → first step", "steps/s"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['case']} | – | – | – | skipped: {r['skipped']} |")
+            continue
+        ready = f"{r['ready_s']:.2f} s" if "ready_s" in r else "–"
+        total = f"{r['start_to_first_step_s']:.2f} s" if "start_to_first_step_s" in r else f"{r['first_step_s']:.2f} s"
+        lines.append(f"| {r['case']} | {ready} | {r['first_step_s']:.2f} s | {total} | {r['steps_per_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, help="number of ranks (default: every visible GPU; 2 on the CPU)")
+    parser.add_argument("--cpu", action="store_true", help="CPU workers with gloo, also where GPUs are visible")
+    parser.add_argument("--steps", type=int, help="timed steps (default 200 on GPUs, 30 on the CPU)")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    gpus = len(inventory.take().devices)
+    cpu = args.cpu or gpus == 0
+    n = args.workers or (2 if cpu else gpus)
+    steps = args.steps or (30 if cpu else 200)
+    size = {"dim": 256, "batch": 64} if cpu else {"dim": 4096, "batch": 1024}
+    env_cpu = {"CUDA_VISIBLE_DEVICES": ""} if cpu and gpus else {}
+    os.environ.update(env_cpu)  # torchrun's and accelerate's processes on the CPU too
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="gpuctx-bench-workers-") as tmp:
+        rows += ours(n, cpu, steps, size, tmp)
+        rows += accelerate_case(n, steps, size, tmp)
+        rows += torchrun_case(n, steps, size, tmp)
+    info = machine()
+    where = f"{n} × {info['gpus'][0]}" if not cpu else f"{n} CPU workers (gloo)"
+    print(f"\n{where}, torch {info['torch']}, {steps} steps of a {size['dim']}-wide 4-layer MLP, batch {size['batch']} "
+          "per rank")
+    print(table(rows))
+    torchrun = next((r for r in rows if r["case"] == "torchrun"), None)
+    first = rows[0]
+    if torchrun:
+        print(f"\n%gpu workers: ready {first['ready_s']:.2f} s, first DDP step {first['first_step_s']:.2f} s after "
+              f"the cell was sent; steps/s {first['steps_per_s'] / torchrun['steps_per_s']:.1%} of torchrun's")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": info, "workers": n, "cpu": cpu, "steps": steps, "size": size, "rows": rows}, fh,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

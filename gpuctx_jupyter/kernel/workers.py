@@ -1,0 +1,705 @@
+"""`%gpu workers`: this notebook's warm data-parallel workers, one per GPU, on ipyparallel.
+
+ipyparallel starts, signals and stops the processes (its Cluster API, launchers, engines and
+controller); gpuctx chooses the GPUs as `%gpu use` numbers them, pins each engine to its GPU
+(CUDA_VISIBLE_DEVICES naming that GPU alone, by UUID), warms it with the notebook's plan and
+starts torch.distributed on all of them (NCCL on GPUs, gloo on the CPU; RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set as torchrun sets them).
+
+Without `--profile` the engines and their controller are local processes started by this kernel
+(so the server counts them as the notebook's, through its descendants), in the kernel's working
+directory and environment, each watching the kernel and ending with it (kernel/worker_side.py).
+With `--profile P`, the launchers of ipyparallel's profile P start them (MPI, SSH, Slurm, ...),
+and each engine picks its GPU from its place on its host. `%%on_gpu all` runs cells on them:
+kernel/worker_cells.py.
+"""
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from IPython.core.error import UsageError
+from IPython.display import display
+from traitlets import Float, Int
+from traitlets.config import Configurable
+
+from ..core import inventory
+from ..core.devices import SpecError, VisibleDevice, parse_spec
+from ..core.procs import descendants, ns_pids
+from . import worker_side
+from .commands import one_line
+from .render import Report, Section, gib
+from .worker_placement import COUNT, Placement, check_count, check_free, choose
+
+log = logging.getLogger("gpuctx.workers")
+# ipyparallel's own messages (each engine's output when it stops, at WARNING; its clean-up, at
+# ERROR) would land in the cell: gpuctx reports what went wrong itself, in one line.
+log.setLevel(logging.CRITICAL)
+INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
+ENTRY = "gpuctx_jupyter.kernel.worker_entry"
+
+
+def require_ipyparallel():
+    """The ipyparallel module, or a one-line UsageError that says how to install it."""
+    try:
+        import ipyparallel
+    except ImportError:
+        raise UsageError(f"%gpu workers runs on ipyparallel, which is not installed in this kernel: {INSTALL}") from None
+    return ipyparallel
+
+
+# -- the workers --------------------------------------------------------------------------------------
+@dataclass
+class Worker:
+    """One rank: its ipyparallel engine, where it runs and on which GPU."""
+
+    rank: int
+    engine: int
+    pid: int
+    host: str
+    local: bool  # on this kernel's machine: its GPU memory is read here, through NVML
+    local_rank: int = 0
+    uuid: str = ""  # its GPU; "" for a CPU worker
+    gpu_name: str = ""
+    ordinal: int | None = None  # this kernel's CUDA ordinal of that GPU, when it sees it
+    state: str = "starting"  # starting | ready | busy (died: read from its process, `died()`)
+    warm: str = ""  # its warm-up's summary
+    memory: dict = field(default_factory=dict)  # as it last reported (allocators, nvml)
+    phases: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> str:
+        """Its GPU as this notebook numbers it: cuda:1 (NVIDIA H200); cpu for a CPU worker."""
+        if not self.uuid:
+            return "cpu"
+        if self.ordinal is not None:
+            return f"cuda:{self.ordinal}" + (f" ({self.gpu_name})" if self.gpu_name else "")
+        return f"{self.gpu_name or 'GPU'} {self.uuid[:12]}"
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank} · {self.device}"
+
+
+class GpuWorkers(Configurable):
+    """This notebook's workers (settable as `c.GpuWorkers.<trait>` in the kernel's config)."""
+
+    start_timeout = Float(
+        300.0, help="""Seconds `%gpu workers start` waits for every worker to be ready (registered,
+        warmed, in the process group) before it stops them and says why.""",
+    ).tag(config=True)
+
+    interrupt_grace = Float(
+        10.0, help="""Seconds a rank gets to stop after an Interrupt (or a --timeout) before the workers
+        are stopped: a rank stuck in C code or in a collective never sees the interrupt.""",
+    ).tag(config=True)
+
+    failure_grace = Float(
+        10.0, help="""Seconds the other ranks get to finish after one rank's cell failed, before they are
+        interrupted (in DDP they usually wait in a collective for the rank that failed).""",
+    ).tag(config=True)
+
+    result_limit = Int(
+        16 * 2**20, help="""Largest value (pickled, in bytes) of a cell's last expression that comes back
+        from each rank; a larger one comes back as its repr.""",
+    ).tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.cluster = None
+        self.client = None
+        self.ranks: list[Worker] = []
+        self.backend = ""
+        self.rendezvous = ""
+        self.profile = ""  # the ipyparallel profile, "" for gpuctx's own local workers
+        self.started: float | None = None  # time.time() when they were ready
+        self.ready_in: float | None = None
+        self.cells = 0
+        self._private_profile: str | None = None  # the folder gpuctx made for its own cluster
+        self._processes: list = []  # psutil.Process of every local process ipyparallel started
+        self._lock = threading.Lock()
+        self._atexit = False
+        self._registered_in = 0.0
+
+    @property
+    def running(self) -> bool:
+        return self.client is not None
+
+    # -- %gpu workers ... ------------------------------------------------------------------------------
+    def command(self, args) -> None:
+        action = args.action or "list"
+        if action == "start":
+            self.start(args.which, profile=args.profile, cpu=args.cpu, share=args.share, warm=not args.no_warm,
+                       master_addr=args.master_addr)
+        elif args.which or args.profile or args.cpu or args.share or args.no_warm or args.master_addr:
+            raise UsageError(f"%gpu workers {action} takes no arguments (`%gpu help workers`)")
+        elif action == "stop":
+            print(self.stop())
+        else:
+            display(self.report())
+
+    def start(self, which: str | None = None, profile: str | None = None, cpu: bool = False, share: bool = False,
+              warm: bool = True, master_addr: str | None = None) -> None:
+        ipp = require_ipyparallel()
+        if self.running:
+            raise UsageError(f"{len(self.ranks)} workers are running already (`%gpu workers` lists them): "
+                             "`%gpu workers stop` first")
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + self.start_timeout
+        try:
+            if profile:
+                n, place = self._launch_profile(ipp, which, profile, cpu, warm)
+                gpus: tuple = ()
+            else:
+                placement = self._local_placement(which, cpu, share)
+                n, gpus, place = placement.count, placement.gpus, ""
+                if placement.note:
+                    print(f"gpuctx: {placement.note}")
+            where = ", ".join(f"cuda:{d.ordinal}" for d in gpus) if gpus else (
+                f"the hosts of profile {profile!r}" if profile else "the CPU")
+            print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where} …", flush=True)
+            if not profile:
+                self._launch_local(ipp, gpus, n, warm)
+            registered = self._wait_registered(n, deadline)
+            self._registered_in = time.perf_counter() - t0
+            self._identify(registered, place, deadline)
+            self._boot(master_addr, warm, deadline)
+        except BaseException:
+            self._teardown()
+            raise
+        self.ready_in = time.perf_counter() - t0
+        self.started = time.time()
+        print(self._ready_line())
+
+    def stop(self) -> str:
+        """Stop every worker and the controller; what was stopped, in one line."""
+        if not self.running and self.cluster is None:
+            return "gpuctx: no workers are running"
+        n = len(self.ranks)
+        self._teardown()
+        return f"gpuctx: stopped {n} worker{'s' if n != 1 else ''} and their ipyparallel controller"
+
+    # -- starting ------------------------------------------------------------------------------------
+    def _local_placement(self, which, cpu: bool, share: bool) -> Placement:
+        from importlib.util import find_spec
+
+        placement = choose(which, inventory.take(), cpu)
+        if placement.gpus and not share:
+            check_free(placement.gpus, inventory.take())
+        if find_spec("torch") is None:
+            raise UsageError("the workers run torch.distributed, and torch is not installed in this kernel's "
+                             "environment: install torch (a CUDA build for GPUs)")
+        return placement
+
+    def _new_cluster(self, ipp, **kwargs):
+        self.cluster = ipp.Cluster(shutdown_atexit=False, log=log, **kwargs)
+        if not self._atexit:
+            atexit.register(self._at_exit)
+            self._atexit = True
+        return self.cluster
+
+    def _ours(self) -> dict[str, str]:
+        return {worker_side.ENV_PARENT: worker_side.parent_token()}
+
+    def _launch_local(self, ipp, gpus, n: int, warm: bool) -> None:
+        """The controller and one engine set per worker, each with its own environment: its rank
+        and, by UUID, its one GPU. The engines do not wait for the controller's connection info,
+        so their imports and warm-up overlap the controller's start."""
+        self._private_profile = tempfile.mkdtemp(prefix="gpuctx-workers-")
+        cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
+                                    send_engines_connection_env=False)  # no cluster file: nothing to reconnect to
+        own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
+        cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
+        self._remember(cluster.controller)
+        common = dict(self._ours(), **{worker_side.ENV_WARM: "1" if warm else "0"})
+        if n > 1 and "OMP_NUM_THREADS" not in os.environ:
+            common["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes, not N × cores threads
+        for rank in range(n):
+            env = dict(common, **{worker_side.ENV_RANK: str(rank),
+                                  "CUDA_VISIBLE_DEVICES": gpus[rank].record.uuid if gpus else ""})
+            set_id = cluster.start_engines_sync(
+                1, engine_set_id=f"rank{rank}", environment=env, engine_cmd=[sys.executable, "-m", ENTRY, "engine"],
+                engine_args=[f"--IPEngine.wait_for_url_file={self.start_timeout:g}"])
+            for launcher in cluster.engines[set_id].launchers.values():
+                self._remember(launcher)
+
+    def _launch_profile(self, ipp, which, profile: str, cpu: bool, warm: bool) -> tuple[int, str]:
+        """Engines started by profile `profile`'s launchers, wherever they put them; each picks
+        its GPU on its host (worker_side.place). Returns (how many, "gpu" or "cpu")."""
+        from IPython.core.profiledir import ProfileDir, ProfileDirError
+        from IPython.paths import get_ipython_dir
+
+        if which and "," in which:
+            raise UsageError(f"with --profile the profile's launchers place the workers: give a count or all, not "
+                             f"GPUs ({which!r})")
+        try:
+            folder = (os.path.abspath(os.path.expanduser(profile)) if os.sep in profile
+                      else ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location)
+        except ProfileDirError:
+            folder = ""
+        if not folder or not os.path.isdir(folder):
+            raise UsageError(f"there is no ipyparallel profile {profile!r}: create one with `ipython profile create "
+                             f"--parallel --profile={profile}` and set its launchers (docs/workers.md)")
+        cluster = self._new_cluster(ipp, profile_dir=folder)
+        self.profile = profile
+        engines = cluster.engine_launcher_class
+        probe = engines(parent=cluster, log=log, profile_dir=cluster.profile_dir, cluster_id=cluster.cluster_id)
+        n = _profile_count(which, cluster, probe, profile, cpu)
+        engine_cmd = _wrapped(list(probe.engine_cmd), "ipyparallel.engine", "engine", profile)
+        env = dict(probe.environment, **self._ours(), **{worker_side.ENV_PLACE: "cpu" if cpu else "gpu",
+                                                           worker_side.ENV_WARM: "1" if warm else "0"})
+        from ipyparallel.cluster.launcher import LocalControllerLauncher
+
+        kwargs = {}
+        if issubclass(cluster.controller_launcher_class, LocalControllerLauncher):  # the kernel's own process
+            ctl = cluster.controller_launcher_class(parent=cluster, log=log, profile_dir=cluster.profile_dir,
+                                                    cluster_id=cluster.cluster_id)
+            kwargs["environment"] = dict(ctl.environment, **self._ours())
+            kwargs["controller_cmd"] = _wrapped(list(ctl.controller_cmd), "ipyparallel.controller", "controller",
+                                                profile)
+        cluster.start_controller_sync(**kwargs)
+        if isinstance(cluster.controller, LocalControllerLauncher):
+            self._remember(cluster.controller)
+        set_id = cluster.start_engines_sync(n, engine_cmd=engine_cmd, environment=env)
+        from ipyparallel.cluster.launcher import LocalProcessLauncher, SSHLauncher
+
+        engine_set = cluster.engines[set_id]
+        for launcher in [engine_set, *getattr(engine_set, "launchers", {}).values()]:
+            if isinstance(launcher, LocalProcessLauncher) and not isinstance(launcher, SSHLauncher):
+                self._remember(launcher)  # a process here (an engine, mpiexec); not a remote PID
+        return n, "cpu" if cpu else "gpu"
+
+    def _remember(self, launcher) -> None:
+        """A local process ipyparallel started: ended at teardown even if ipyparallel cannot."""
+        import psutil
+
+        pid = getattr(launcher, "pid", -1)
+        if isinstance(pid, int) and pid > 0:
+            try:
+                self._processes.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+
+    def _wait_registered(self, n: int, deadline: float) -> list[int]:
+        """Connect a client and wait until `n` engines have registered; a worker that exits first,
+        or the deadline, is a one-line UsageError with the last line the worker wrote."""
+        self.client = self.cluster.connect_client_sync()
+        waiting = self.client.wait_for_engines(n, block=False, timeout=max(1.0, deadline - time.monotonic()),
+                                               interactive=False)
+        while True:
+            try:
+                waiting.result(timeout=0.2)
+                return sorted(self.client.ids)
+            except concurrent.futures.TimeoutError:
+                pass
+            except TimeoutError:
+                raise UsageError(f"{len(self.client.ids)} of {n} workers started within {self.start_timeout:g} s "
+                                 f"(c.GpuWorkers.start_timeout): {self._last_words() or 'no word from the others'}"
+                                 ) from None
+            failed = self._launcher_failure()
+            if failed:
+                raise UsageError(one_line(failed))
+
+    def _launcher_failure(self) -> str:
+        """Why a process ipyparallel launched has exited, if one has."""
+        cluster = self.cluster
+        if cluster.controller is not None and cluster.controller.state == "after":
+            out = _last_line(cluster.controller.get_output())
+            return f"the ipyparallel controller exited ({cluster.controller.stop_data}){': ' + out if out else ''}"
+        for set_id, engine_set in cluster.engines.items():
+            if engine_set.state == "after":
+                out = _last_line(engine_set.get_output())
+                code = (engine_set.stop_data or {}).get("exit_code")
+                return (f"worker {set_id.removeprefix('rank')} exited before it was ready (exit code {code})"
+                        + (f": {out}" if out else ""))
+        return ""
+
+    def _last_words(self) -> str:
+        for engine_set in self.cluster.engines.values():
+            out = _last_line(engine_set.get_output())
+            if out:
+                return out
+        return ""
+
+    def _identify(self, engines: list[int], place: str, deadline: float) -> None:
+        """Ask every engine who it is; ranks: as the kernel gave them, else by host (in the order
+        the hosts' first engines registered) and local slot."""
+        ar = self.client[engines].apply_async(worker_side.identity)
+        infos = dict(zip(engines, wait_results([ar], deadline, self, "say who they are")[0], strict=True))
+        me = worker_side.boot_id()
+        problems = [i["problem"] for i in infos.values() if i["problem"]]
+        if problems:
+            raise UsageError(one_line(problems[0]))
+        if place or any(i["rank"] is None for i in infos.values()):
+            hosts = list(dict.fromkeys(infos[e]["host"] for e in engines))
+            order = sorted(engines, key=lambda e: (hosts.index(infos[e]["host"]), infos[e]["slot"] or 0, e))
+        else:
+            order = sorted(engines, key=lambda e: int(infos[e]["rank"]))
+        inv = inventory.take()
+        by_uuid = {d.record.uuid: d.ordinal for d in inv.devices}
+        local_ranks: dict[str, int] = {}
+        self.ranks = []
+        for rank, engine in enumerate(order):
+            info = infos[engine]
+            local_rank = local_ranks.get(info["host"], 0)
+            local_ranks[info["host"]] = local_rank + 1
+            local = info["boot_id"] == me
+            self.ranks.append(Worker(rank, engine, info["pid"], info["host"], local, local_rank, info["gpu"],
+                                     info["gpu_name"], by_uuid.get(info["gpu"]) if local else None))
+        kinds = {bool(w.uuid) for w in self.ranks}
+        if len(kinds) > 1:
+            lacking = [str(w.rank) for w in self.ranks if not w.uuid]
+            raise UsageError(f"ranks {', '.join(lacking)} found no GPU while the others have one: every worker needs "
+                             "one (or start them all with --cpu)")
+        self.backend = "nccl" if kinds == {True} else "gloo"
+
+    def _boot(self, master_addr: str | None, warm: bool, deadline: float) -> None:
+        """torch.distributed on every rank at once (worker_side.boot), once each has warmed up."""
+        hosts = {w.host for w in self.ranks}
+        addr = master_addr or ("127.0.0.1" if len(hosts) == 1 else self.ranks[0].host)
+        first = self.ranks[0]
+        port = wait_results([self.client[first.engine].apply_async(worker_side.free_port)], deadline, self,
+                            "pick a port")[0]
+        self.rendezvous = f"{addr}:{port}"
+        per_host = {h: sum(1 for w in self.ranks if w.host == h) for h in hosts}
+        ars = [self.client[w.engine].apply_async(worker_side.boot, w.rank, w.local_rank, len(self.ranks),
+                                                 per_host[w.host], addr, port, self.backend, warm)
+               for w in self.ranks]
+        for w, result in zip(self.ranks, wait_results(ars, deadline, self, "join torch.distributed"), strict=True):
+            w.state, w.phases, w.warm = "ready", result["phases"], result["warm"]
+
+    def _ready_line(self) -> str:
+        n = len(self.ranks)
+        who = ", ".join(w.label for w in self.ranks[:8]) + (f", … ({n - 8} more)" if n > 8 else "")
+        slowest: dict[str, float] = {"start-up": self._registered_in}
+        for w in self.ranks:
+            for phase, seconds in w.phases.items():
+                slowest[phase] = max(slowest.get(phase, 0.0), seconds)
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in slowest.items())
+        return (f"gpuctx: {n} worker{'s' if n > 1 else ''} ready in {self.ready_in:.1f} s — {who}; "
+                f"torch.distributed {self.backend}, world size {n}" + (f" ({phases})" if phases else "")
+                + "; `%%on_gpu all` runs a cell on them")
+
+    # -- stopping -----------------------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        """Stop the workers and the controller through ipyparallel, then end whatever local
+        process it started that still runs; never raises."""
+        with self._lock:
+            cluster, client, processes = self.cluster, self.client, self._processes
+            self.cluster, self.client, self._processes, self.ranks = None, None, [], []
+            self.backend = self.rendezvous = self.profile = ""
+            self.started = self.ready_in = None
+            private, self._private_profile = self._private_profile, None
+        if cluster is not None:
+            done = threading.Event()
+
+            def stop():
+                try:
+                    cluster.stop_cluster_sync()
+                except Exception as exc:  # noqa: BLE001 — the processes are ended below in any case
+                    log.warning("gpuctx: stopping the workers' cluster: %s: %s", type(exc).__name__, exc)
+                finally:
+                    done.set()
+
+            threading.Thread(target=stop, name="gpuctx-workers-stop", daemon=True).start()
+            done.wait(30)
+            # ipyparallel reads each process's log once it has noticed the end: then the folder can go
+            launchers = [cluster.controller, *cluster.engines.values()]
+            deadline = time.monotonic() + 5
+            while any(x is not None and x.state != "after" for x in launchers) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if client is not None:
+            try:
+                client.close(linger=0)
+            except Exception:  # noqa: BLE001
+                pass
+        _end(processes)
+        if private:
+            shutil.rmtree(private, ignore_errors=True)
+        if cluster is not None:
+            for path in _slot_locks(cluster.cluster_id):
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+
+    def _at_exit(self) -> None:
+        """The kernel exits (shutdown, restart): end the workers at once; no waiting on ipyparallel."""
+        client, processes = self.client, self._processes
+        if client is not None and any(not w.local for w in self.ranks):
+            try:
+                client.shutdown(targets="all", hub=False, block=False)
+            except Exception:  # noqa: BLE001
+                pass
+        for proc in processes:
+            try:
+                proc.send_signal(signal.SIGTERM)
+            except Exception:  # noqa: BLE001
+                pass
+        if self._private_profile:  # once they are gone: ipyparallel writes there as it stops
+            import psutil
+
+            psutil.wait_procs(processes, timeout=3)
+            shutil.rmtree(self._private_profile, ignore_errors=True)
+
+    def died(self) -> list[Worker]:
+        """The ranks whose process is gone (local: its PID; remote: unregistered)."""
+        if self.client is None:
+            return []
+        ids = set(self.client.ids)
+        gone = []
+        for w in self.ranks:
+            if w.engine not in ids or (w.local and not _pid_runs(w.pid)):
+                gone.append(w)
+        return gone
+
+    def exit_words(self, w: Worker, wait: float = 1.0) -> str:
+        """How a local worker's process ended, as ", killed by SIGKILL" (or "" when unknown)."""
+        engine_set = self.cluster.engines.get(f"rank{w.rank}") if self.cluster is not None else None
+        deadline = time.monotonic() + wait
+        code = None
+        while engine_set is not None:
+            code = (engine_set.stop_data or {}).get("exit_code")
+            if code is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if not isinstance(code, int):
+            return ""
+        if code < 0:
+            try:
+                return f", killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f", killed by signal {-code}"
+        return f", exit status {code}"
+
+    # -- listing ---------------------------------------------------------------------------------------
+    def rows(self) -> tuple[list[str], list[list[str]]]:
+        inv = inventory.take() if any(w.local and w.uuid for w in self.ranks) else None
+        dead = {w.rank for w in self.died()}
+        multi = len({w.host for w in self.ranks}) > 1
+        header = ["rank", *(["host"] if multi else []), "GPU", "pid", "state", "GPU memory"]
+        rows = []
+        for w in self.ranks:
+            state = "died" if w.rank in dead else w.state
+            rows.append([str(w.rank), *([w.host] if multi else []), w.device, str(w.pid), state, self._memory(w, inv)])
+        return header, rows
+
+    def _memory(self, w: Worker, inv) -> str:
+        if not w.uuid:
+            return "– (CPU)"
+        used = None
+        if inv is not None and w.local:
+            pids = {w.pid, *descendants(w.pid)}
+            pids |= {alias for p in list(pids) for alias in ns_pids(p)}
+            found = [p.used_memory or 0 for d in inv.devices for p in d.record.processes if p.pid in pids]
+            used = sum(found) if found else 0
+        elif w.memory.get("nvml") is not None:
+            used = w.memory["nvml"]
+        torch = [f for f in w.memory.get("allocators", []) if f.get("framework") == "torch"]
+        text = gib(used) if used is not None else "–"
+        if torch:
+            text += f" (torch {gib(torch[0]['allocated'])} allocated, {gib(torch[0]['reserved'])} reserved"
+            text += ", at its last cell)" if not w.local else ")"
+        return text
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"torch.distributed: {self.backend}, world size {len(self.ranks)}, rendezvous {self.rendezvous}"]
+        if self.started:
+            lines.append(f"ready in {self.ready_in:.1f} s, {_ago(time.time() - self.started)}; {self.cells} "
+                         f"cell{'s' if self.cells != 1 else ''} run with %%on_gpu")
+        if self.ranks and self.ranks[0].warm:
+            lines.append(f"rank 0's warm-up: {self.ranks[0].warm}")
+        lines.append(f"started by ipyparallel profile {self.profile!r}" if self.profile
+                     else "local processes of this kernel: they end with it")
+        lines.append("`%%on_gpu all` runs a cell on every rank; `%gpu workers stop` ends them")
+        return lines
+
+    def report(self) -> Report:
+        if not self.running:
+            return Report([Section("workers", lines=["none: `%gpu workers start all` starts one per GPU "
+                                                     "(a count for CPU workers)"])], data={"workers": []})
+        header, rows = self.rows()
+        return Report([Section(f"workers ({len(self.ranks)})", header, rows, lines=self.summary_lines())],
+                      data={"workers": [w.__dict__ | {"device": w.device} for w in self.ranks],
+                            "backend": self.backend, "rendezvous": self.rendezvous})
+
+    def extend_status(self, report: Report) -> Report:
+        """`%gpu status` with a section on the workers, when there are any."""
+        if self.running:
+            header, rows = self.rows()
+            report.sections.append(Section("this notebook's workers", header, rows, lines=self.summary_lines()[:1]))
+            report.data["workers"] = [{"rank": w.rank, "device": w.device, "pid": w.pid, "host": w.host}
+                                      for w in self.ranks]
+        return report
+
+    # -- %%on_gpu all ---------------------------------------------------------------------------------
+    @staticmethod
+    def wanted(spec: str) -> bool:
+        """Whether `%%on_gpu SPEC` means the workers: `all`, or a comma-separated list."""
+        return spec.strip().lower() == "all" or "," in spec
+
+    def select(self, spec: str) -> list[Worker]:
+        """The ranks `%%on_gpu SPEC` runs on: all of them, or those on the GPUs named (as this
+        notebook numbers them; for CPU or remote workers, numbers are ranks)."""
+        if not self.running:
+            raise UsageError("no workers are running: `%gpu workers start all` starts one per GPU "
+                             "(`%gpu workers start 2` two CPU workers without a GPU)")
+        if spec.strip().lower() == "all":
+            return list(self.ranks)
+        chosen: list[Worker] = []
+        for item in (s.strip() for s in spec.split(",")):
+            w = self._named(item)
+            if w in chosen:
+                raise UsageError(f"{item!r} names rank {w.rank} twice in {spec!r}")
+            chosen.append(w)
+        return chosen
+
+    def _named(self, item: str) -> Worker:
+        listing = ", ".join(w.label for w in self.ranks)
+        if not item:
+            raise UsageError("an empty entry in the list: name workers separated by commas, like `0,1`")
+        on_gpus = [w for w in self.ranks if w.ordinal is not None]
+        if on_gpus and len(on_gpus) == len(self.ranks):
+            visible = tuple(VisibleDevice(w.ordinal, _record(w)) for w in on_gpus)
+            try:
+                dev = parse_spec(item, visible)
+            except SpecError:
+                raise UsageError(one_line(f"no worker runs on {item!r}: the workers are {listing}")) from None
+            return next(w for w in on_gpus if w.ordinal == dev.ordinal)
+        number = item.removeprefix("rank")
+        if COUNT.fullmatch(number) and int(number) < len(self.ranks):
+            return self.ranks[int(number)]
+        raise UsageError(one_line(f"no rank {item!r}: the workers are {listing} (name ranks by number)"))
+
+    def run_cell(self, args, cell: str):
+        from .worker_cells import CellRun
+
+        if args.default or args.time or args.mem:
+            raise UsageError("--default, --time and --mem are for one GPU of this kernel; on the workers time and "
+                             "measure inside the cell")
+        chosen = self.select(args.spec)
+        return CellRun(self, chosen, cell, timeout=args.timeout).run()
+
+
+def _record(w: Worker):
+    from ..core.devices import GpuRecord
+
+    return GpuRecord(nvml_index=-1, uuid=w.uuid, name=w.gpu_name)
+
+
+def _profile_count(which, cluster, probe, profile: str, cpu: bool) -> int:
+    which = (which or "all").strip()
+    if COUNT.fullmatch(which):
+        n = int(which)
+        check_count(n)
+        return n
+    if which.lower() != "all":
+        raise UsageError(f"with --profile give a count or all, not {which!r}")
+    per_host = getattr(probe, "engines", None)  # the SSH launcher's {host: count or {"n": count}}
+    n = cluster.n or getattr(probe, "engine_count", None) or (sum(
+        v.get("n", 1) if isinstance(v, dict) else int(v) for v in per_host.values()) if per_host else 0)
+    if not n:
+        raise UsageError(f"profile {profile!r} sets no number of engines (c.Cluster.n, or the SSH launcher's "
+                         f"engines): give one, "
+                         f"`%gpu workers start 4 --profile {profile}`")
+    return int(n)
+
+
+def _wrapped(cmd: list[str], module: str, role: str, profile: str) -> list[str]:
+    """The profile's command for ipyparallel's `module`, running gpuctx's entry instead (which
+    then runs that module's main)."""
+    if module not in cmd:
+        raise UsageError(one_line(f"profile {profile!r} starts the {role} with {' '.join(cmd)!r}, not "
+                                  f"`python -m {module}`: gpuctx cannot watch and place its workers that way"))
+    i = cmd.index(module)
+    return [*cmd[:i], ENTRY, role, *cmd[i + 1:]]
+
+
+def wait_results(ars: list, deadline: float, workers: GpuWorkers, doing: str) -> list:
+    """The results of ipyparallel AsyncResults, waiting until `deadline`; a worker that dies, an
+    error, or the deadline is a one-line UsageError."""
+    pending = list(ars)
+    while pending:
+        done, _ = concurrent.futures.wait(pending, timeout=0.2)
+        for ar in done:
+            pending.remove(ar)
+            exc = ar.exception()
+            if exc is not None:
+                raise UsageError(one_line(f"a worker failed to {doing}: {_error_text(exc)}")) from None
+        if workers.cluster is not None:
+            failed = workers._launcher_failure()
+            if failed:
+                raise UsageError(one_line(failed))
+        if pending and time.monotonic() > deadline:
+            raise UsageError(f"the workers did not {doing} within {workers.start_timeout:g} s "
+                             "(c.GpuWorkers.start_timeout)")
+    return [ar.get() for ar in ars]
+
+
+def _error_text(exc) -> str:
+    ename, evalue = getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc))
+    engine = (getattr(exc, "engine_info", None) or {}).get("engine_id")
+    return f"{ename}: {evalue}" + (f" (engine {engine})" if engine is not None else "")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else ""
+
+
+def _pid_runs(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _end(processes) -> None:
+    """SIGKILL what of `processes` (psutil.Process, with their start time) still runs, and below."""
+    import psutil
+
+    for proc in processes:
+        try:
+            if not proc.is_running():
+                continue
+            tree = [proc, *proc.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    psutil.wait_procs([p for p in processes if _alive_proc(p)], timeout=5)
+
+
+def _alive_proc(proc) -> bool:
+    try:
+        return proc.is_running()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _slot_locks(cluster_id: str) -> list[str]:
+    import glob
+
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"gpuctx-worker-{glob.escape(cluster_id)}-*.lock"))
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"

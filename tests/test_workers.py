@@ -1,0 +1,333 @@
+"""`%gpu workers` and `%%on_gpu all` in a real ipykernel, with real ipyparallel engines: two CPU
+workers on gloo (no GPU here). The module's kernel keeps its workers from test to test; the
+tests that end them come last and start new ones."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import psutil
+import pytest
+
+from .harness import kernels
+from .harness.gpus import NO_GPU
+from .harness.kernels import reply_to, run, wait_idle
+from .harness.notebooks import notebook
+from .harness.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(600)
+pytest.importorskip("ipyparallel")
+
+# Two CPU workers: a count where no GPU is visible (CI), --cpu where one is (the GPU machine)
+START = "%gpu workers start 2" if NO_GPU else "%gpu workers start 2 --cpu"
+# Every worker's view of itself, printed as JSON on its own line (names stay on the workers).
+WHO = ("%%on_gpu all\nimport json, os, socket\nimport torch, torch.distributed as dist\n"
+       "me = {k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', "
+       "'MASTER_PORT', 'CUDA_VISIBLE_DEVICES')}\n"
+       "me.update(pid=os.getpid(), cwd=os.getcwd(), backend=dist.get_backend(), rank=dist.get_rank(), "
+       "initialized=dist.is_initialized(), host=socket.gethostname())\n"
+       "print('WHO ' + json.dumps(me))")
+
+
+def whos(text: str) -> list[dict]:
+    return [json.loads(line.split("WHO ", 1)[1]) for line in text.splitlines() if "WHO {" in line]
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def gone(procs) -> bool:
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            pass
+    return True
+
+
+def private_folder(kc) -> str:
+    """The ipyparallel profile folder gpuctx made for the kernel's workers (removed with them)."""
+    folder = run(kc, "print(get_ipython()._gpuctx.workers._private_profile)").stdout.strip()
+    assert os.path.isdir(folder)
+    return folder
+
+
+def kernel_pid(kc) -> int:
+    return int(run(kc, "import os; print(os.getpid())").stdout)
+
+
+@pytest.fixture(scope="module")
+def workers_kernel(tmp_path_factory):
+    """A real kernel in its own folder with gpuctx loaded and two CPU workers started, for a
+    notebook that imports numpy and trains with AdamW (what the workers' warm-up reads)."""
+    folder = tmp_path_factory.mktemp("workers")
+    notebook(folder / "train.ipynb", ["%load_ext gpuctx\n%gpu workers start 2", "import numpy as np",
+                                      "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1)])"])
+    km, kc = kernels.start(env={"JPY_SESSION_NAME": str(folder / "train.ipynb"), "GPUCTX_WARM": "0"},
+                           cwd=str(folder))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok", r.text
+        yield km, kc, folder, r
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_start_says_no_gpu_and_starts_two_gloo_workers_in_the_notebooks_folder(workers_kernel):
+    km, kc, folder, started = workers_kernel
+    if NO_GPU:
+        assert "no GPU is visible (NVML reports:" in started.stdout and "starting 2 CPU workers with gloo" in started.stdout
+    assert "gpuctx: 2 workers ready in" in started.stdout and "torch.distributed gloo, world size 2" in started.stdout
+    r = run(kc, WHO)
+    assert r.reply["status"] == "ok", r.text
+    ranks = sorted(whos(r.text), key=lambda w: w["rank"])
+    assert [w["RANK"] for w in ranks] == ["0", "1"] and [w["LOCAL_RANK"] for w in ranks] == ["0", "1"]
+    assert {w["WORLD_SIZE"] for w in ranks} == {"2"} and {w["MASTER_ADDR"] for w in ranks} == {"127.0.0.1"}
+    assert len({w["MASTER_PORT"] for w in ranks}) == 1 and all(w["initialized"] for w in ranks)
+    assert {w["backend"] for w in ranks} == {"gloo"} and {w["CUDA_VISIBLE_DEVICES"] for w in ranks} == {""}
+    assert {os.path.realpath(w["cwd"]) for w in ranks} == {os.path.realpath(folder)}
+    # the workers are this kernel's own processes: the server finds a kernel's memory through them
+    mine = {p.pid for p in tree(kernel_pid(kc))}
+    assert {w["pid"] for w in ranks} <= mine
+
+
+def test_each_worker_warmed_up_with_the_notebooks_plan(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%%on_gpu all\nfrom gpuctx_jupyter.kernel import worker_side\n"
+                "w = worker_side._warmer\n{s.name: s.state for s in w.plan.steps}, w.status.state")
+    assert r.reply["status"] == "ok", r.text
+    steps, state = eval(r.data[-1]["text/plain"])  # rank 0's; every rank's in _ranks
+    assert state == "skipped" and steps["import numpy"] == "done" and steps["import torch"] == "done"
+    assert steps["optimizer step (AdamW) on the CPU"] == "done"  # no GPU: what still helps, on the CPU
+    assert run(kc, "print(len({repr(v) for v in _ranks}))").stdout.strip() == "1"  # the same on both ranks
+
+
+def test_output_is_shown_per_rank_while_the_cell_runs(workers_kernel, tmp_path):
+    _, kc, _, _ = workers_kernel
+    release = tmp_path / "release"
+    msg_id = kc.execute(f"%%on_gpu all\nimport os, time, torch.distributed as dist\n"
+                        f"print(f'first from {{dist.get_rank()}}', flush=True)\n"
+                        f"while not os.path.exists({str(release)!r}): time.sleep(0.02)\nprint('second')")
+    shown = ""
+    while not ("first from 0" in shown and "first from 1" in shown):  # before the cell can finish
+        msg = kc.get_iopub_msg(timeout=60)
+        if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] in ("display_data",
+                                                                                "update_display_data"):
+            shown = msg["content"]["data"]["text/plain"]
+    assert "── rank 0 · cpu · running" in shown and "── rank 1 · cpu · running" in shown
+    assert "second" not in shown
+    release.touch()
+    reply = reply_to(kc, msg_id, timeout=60)
+    assert reply["content"]["status"] == "ok"
+    wait_idle(kc, msg_id)
+
+
+def test_all_reduce_gives_every_rank_the_sum_and_rank_0s_value_comes_back(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%%on_gpu all\nimport torch, torch.distributed as dist\n"
+                "t = torch.tensor([float(dist.get_rank() + 1)])\ndist.all_reduce(t)\n"
+                "print(f'rank {dist.get_rank()} has {t.item()}')\nt.item() * (dist.get_rank() + 1)")
+    assert r.reply["status"] == "ok", r.text
+    shown = r.data[0]["text/plain"]  # one display, grouped per rank, in rank order
+    assert shown.index("── rank 0 · cpu · done") < shown.index("rank 0 has 3.0") < shown.index("── rank 1 · cpu")
+    assert shown.index("── rank 1 · cpu") < shown.index("rank 1 has 3.0")
+    assert r.data[-1]["text/plain"] == "3.0"  # Out: rank 0's value
+    r = run(kc, "print(_ranks)")
+    assert r.stdout.strip() == "[3.0, 6.0]"
+    r = run(kc, "%%on_gpu all\nt * 10")  # `t` from the earlier cell, on each rank
+    assert r.reply["status"] == "ok" and "tensor([30.])" in r.data[-1]["text/plain"]
+
+
+def test_workers_are_listed_and_counted_in_status(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%gpu workers")
+    assert r.reply["status"] == "ok"
+    lines = r.data[0]["text/plain"].splitlines()
+    assert lines[0] == "workers (2)" and lines[1].split() == ["rank", "GPU", "pid", "state", "GPU", "memory"]
+    assert lines[3].split()[:2] == ["0", "cpu"] and lines[3].split()[3] == "ready"
+    assert lines[4].split()[:2] == ["1", "cpu"] and "torch.distributed: gloo, world size 2" in lines[5]
+    r = run(kc, "%gpu status")
+    assert "this notebook's workers" in r.text and "rendezvous 127.0.0.1:" in r.text
+
+
+def test_an_exception_on_one_rank_shows_its_traceback_and_the_workers_go_on(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%%on_gpu all\nimport torch.distributed as dist\nprint('before', dist.get_rank())\n"
+                "if dist.get_rank() == 1:\n    {}['missing']\n'fine'")
+    assert r.reply["status"] == "error" and r.reply["ename"] == "RanksFailed"
+    assert r.reply["evalue"] == "rank 1 of 2 failed: KeyError: 'missing'"
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.reply["traceback"]))  # without the colours
+    assert "── rank 1 · cpu: KeyError" in tb and "{}['missing']" in tb and "rank 0 · cpu: " not in tb
+    assert "the workers are ready for the next cell" in tb
+    shown = r.data[0]["text/plain"]
+    assert "── rank 0 · cpu · done" in shown and "── rank 1 · cpu · failed (KeyError)" in shown
+    assert "before 0" in shown and "before 1" in shown
+    r = run(kc, "print(_ranks)")
+    assert r.stdout.strip() == "['fine', None]"
+    r = run(kc, "%%on_gpu all\nprint('no closing parenthesis'")  # every rank fails alike: one traceback
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.reply["traceback"]))
+    assert r.reply["evalue"].startswith("ranks 0, 1 of 2 failed: SyntaxError")
+    assert tb.count("── ") == 1 and "── rank 0 · cpu, rank 1 · cpu: SyntaxError" in tb
+    r = run(kc, "%%on_gpu all\nimport torch, torch.distributed as dist\nx = torch.ones(1)\ndist.all_reduce(x)\nx.item()")
+    assert r.reply["status"] == "ok" and r.data[-1]["text/plain"] == "2.0"
+
+
+def test_ranks_still_running_after_a_failure_are_interrupted_and_the_failure_is_what_is_shown(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    run(kc, "get_ipython()._gpuctx.workers.failure_grace = 1")  # c.GpuWorkers.failure_grace
+    try:
+        r = run(kc, "%%on_gpu all\nimport time, torch.distributed as dist\n"
+                    "if dist.get_rank() == 1:\n    raise ValueError('rank 1 gives up')\n"
+                    "time.sleep(120)  # as a rank waiting for it in a collective would", timeout=120)
+    finally:
+        run(kc, "get_ipython()._gpuctx.workers.failure_grace = 10")
+    assert r.reply["ename"] == "RanksFailed" and r.reply["evalue"] == "rank 1 of 2 failed: ValueError: rank 1 gives up"
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(r.reply["traceback"]))
+    assert "── rank 1 · cpu: ValueError" in tb and "── rank 0" not in tb
+    assert re.search(r"rank 0 · cpu \(pid \d+\) was interrupted 1 s after it; the workers are ready", tb)
+    r = run(kc, "%%on_gpu all\n'again'")
+    assert r.reply["status"] == "ok"
+
+
+def test_interrupt_reaches_every_rank_and_the_workers_go_on(workers_kernel, tmp_path):
+    km, kc, _, _ = workers_kernel
+    # each rank writes a file just before its sleep: the interrupt is sent once both exist
+    msg_id = kc.execute(f"%%on_gpu all\nimport pathlib, time, torch.distributed as dist\n"
+                        f"pathlib.Path({str(tmp_path)!r}, f'inside-{{dist.get_rank()}}').touch()\ntime.sleep(120)")
+    wait_for(lambda: all((tmp_path / f"inside-{r}").exists() for r in (0, 1)), timeout=60)
+    km.interrupt_kernel()
+    reply = reply_to(kc, msg_id, timeout=60)  # long before the sleeps end
+    assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+    wait_idle(kc, msg_id)
+    r = run(kc, "%%on_gpu all\nimport torch.distributed as dist\ndist.get_rank()")
+    assert r.reply["status"] == "ok" and r.data[-1]["text/plain"] == "0"
+
+
+def test_a_rank_past_its_timeout_is_interrupted_and_the_workers_go_on(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, "%%on_gpu all --timeout 2\nimport time, torch.distributed as dist\n"
+                "if dist.get_rank() == 1:\n    time.sleep(120)\n'quick'", timeout=120)
+    assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError"
+    assert r.reply["evalue"].startswith("rank 1 · cpu (pid ")
+    assert r.reply["evalue"].endswith("did not finish within 2 s (--timeout): interrupted; the workers are ready "
+                                      "for the next cell")
+    assert "\n" not in r.reply["evalue"]
+    r = run(kc, "%%on_gpu all\n1 + 1")
+    assert r.reply["status"] == "ok" and r.data[-1]["text/plain"] == "2"
+
+
+def test_mistakes_are_one_line_usage_errors(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    cases = {
+        "%gpu workers start 2": "2 workers are running already",
+        "%gpu workers start all --profile nowhere-profile": "2 workers are running already",
+        "%gpu workers strat": "invalid choice: 'strat'",
+        "%gpu workers stop 2": "%gpu workers stop takes no arguments",
+        "%%on_gpu 0,7\npass": "no rank '7': the workers are rank 0 · cpu, rank 1 · cpu",
+        "%%on_gpu 0,0\npass": "'0' names rank 0 twice",
+        "%%on_gpu all --time\npass": "--default, --time and --mem are for one GPU of this kernel",
+        "%%on_gpu 1 --timeout 5\npass": "--timeout is for the workers",
+    }
+    for code, says in cases.items():
+        r = run(kc, code)
+        assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError", (code, r.text)
+        assert says in r.reply["evalue"] and "\n" not in r.reply["evalue"], (code, r.reply["evalue"])
+
+
+def test_a_worker_that_dies_mid_cell_stops_the_others_and_leaves_nothing(workers_kernel):
+    """Rank 1 is killed while rank 0 waits for it in a barrier: the process group cannot go on."""
+    _, kc, _, _ = workers_kernel
+    below = tree(kernel_pid(kc))
+    r = run(kc, "%%on_gpu all\nimport os, signal, torch.distributed as dist\n"
+                "if dist.get_rank() == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ndist.barrier()", timeout=120)
+    assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError"
+    says = r.reply["evalue"]
+    assert says.startswith("rank 1 · cpu (pid ") and "died mid-cell, killed by SIGKILL: the other workers were " \
+        "stopped, as their process group lost a member; `%gpu workers start` starts new ones" in says
+    wait_for(lambda: gone(below), timeout=60)
+    r = run(kc, "%gpu workers")
+    assert "none: `%gpu workers start all`" in r.text
+    r = run(kc, "%%on_gpu all\npass")
+    assert r.reply["ename"] == "UsageError" and r.reply["evalue"].startswith("no workers are running")
+
+
+def test_a_rank_that_ignores_the_interrupt_gets_the_workers_stopped(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    r = run(kc, START, timeout=300)
+    assert r.reply["status"] == "ok", r.text
+    below = tree(kernel_pid(kc))
+    run(kc, "get_ipython()._gpuctx.workers.interrupt_grace = 1")  # c.GpuWorkers.interrupt_grace
+    r = run(kc, "%%on_gpu all --timeout 1\nimport signal, time, torch.distributed as dist\n"
+                "if dist.get_rank() == 0:\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n    time.sleep(120)",
+            timeout=120)
+    assert r.reply["ename"] == "UsageError", r.text
+    assert r.reply["evalue"].startswith("rank 0 · cpu (pid ") and r.reply["evalue"].endswith(
+        "did not stop within 1 s of the timeout (stuck in C code or in a collective?): the workers were stopped; "
+        "`%gpu workers start` starts new ones")
+    wait_for(lambda: gone(below), timeout=60)
+
+
+def test_without_ipyparallel_start_says_how_to_install_it_and_starts_nothing(workers_kernel):
+    _, kc, _, _ = workers_kernel
+    pid = kernel_pid(kc)
+    before = {p.pid for p in tree(pid)}
+    r = run(kc, "import sys\nsys.modules['ipyparallel'] = None  # what an import finds when it is not installed\n"
+                "try:\n    get_ipython().run_line_magic('gpu', 'workers start 2')\n"
+                "finally:\n    del sys.modules['ipyparallel']")
+    assert r.reply["ename"] == "UsageError"
+    assert r.reply["evalue"] == ("%gpu workers runs on ipyparallel, which is not installed in this kernel: pip install "
+                                 "ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel")
+    assert {p.pid for p in tree(pid)} <= before
+
+
+def test_workers_end_with_the_extension_and_their_kernel_on_restart_and_on_sigkill(tmp_path):
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        below = tree(kernel_pid(kc))
+        assert run(kc, "%unload_ext gpuctx").reply["status"] == "ok"  # undoes everything loading did
+        wait_for(lambda: gone(below), timeout=60)
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        below = tree(kernel_pid(kc))
+        assert len(below) >= 3  # the controller and two engines (and what they started)
+        folder = private_folder(kc)
+        km.restart_kernel(now=False)  # a shutdown request, as JupyterLab's Restart sends
+        kc.wait_for_ready(timeout=60)
+        wait_for(lambda: gone(below) and not os.path.exists(folder), timeout=60)
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        pid, folder = kernel_pid(kc), private_folder(kc)
+        below = tree(pid)
+        os.kill(pid, signal.SIGKILL)  # no clean-up of its own: each worker watches its kernel
+        wait_for(lambda: gone(below) and not os.path.exists(folder), timeout=60)
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_the_ddp_example_trains_on_two_gloo_workers_and_their_weights_agree(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    nb = nbformat.read(os.path.join(repo, "examples", "ddp.ipynb"), as_version=4)
+    NotebookClient(nb, timeout=300, km=kernels.manager("python3"),
+                   resources={"metadata": {"path": os.path.join(repo, "examples")}}).execute()
+    nbformat.write(nb, tmp_path / "ddp-run.ipynb")  # for a person to look at when this fails
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    outputs = [o for c in code for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "\n".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in outputs)
+    assert ("starting 2 CPU workers with gloo" if NO_GPU else "torch.distributed nccl") in text
+    assert " workers ready in" in text
+    losses = [float(m) for m in re.findall(r"epoch \d: loss ([0-9.]+)", text)]
+    assert len(losses) == 4 and losses[-1] < losses[0] / 10  # it learns
+    assert re.search(r"\d+ ranks?, one set of weights:", text)  # DDP kept the ranks' weights equal
+    assert "this notebook's workers" in text and re.search(
+        r"gpuctx: stopped \d+ workers? and their ipyparallel controller$", text.rstrip())
