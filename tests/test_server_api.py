@@ -291,7 +291,8 @@ async def test_unknown_kernels_and_actions_are_refused_with_a_json_message(jp_fe
     assert code == 404
     kid = await start_kernel(jp_fetch)
     code, body = await refused(jp_fetch, "gpuctx", "api", "kernels", kid, "explode", method="POST", body=b"")
-    assert code == 400 and body["message"] == "unknown action 'explode': use one of interrupt, restart, shutdown, release"
+    assert code == 400 and body["message"] == ("unknown action 'explode': use one of interrupt, restart, shutdown, "
+                                               "release, suspend, resume")
 
 
 # -- kernel actions ------------------------------------------------------------------------

@@ -7,7 +7,7 @@ docs/warm-plan.md) — and it asks a running kernel what it does on the GPU with
 messages. Both sides read the policy vocabulary from here, so a name or a value is spelled once.
 Standard library only: this package is imported by the server, by every kernel, and by nothing
 heavy. Its modules: `notebook` (one reader of notebooks for both sides), `holders` (the holders
-file and the release request).
+file, the release request, how a suspended notebook is named).
 """
 from __future__ import annotations
 
@@ -35,6 +35,26 @@ REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
 # The warm pool hands a standby to a notebook: {"cwd", "env", "pooled"} → {"status": "ok"}. On the
 # control channel, so that it is no cell: no execution count, no cell hooks, no user activity.
 ADOPT_REQUEST, ADOPT_REPLY = "gpuctx_adopt_request", "gpuctx_adopt_reply"
+# Suspend (issue #28): an idle kernel's GPU memory into host memory, back before its next request.
+# The server suspends a kernel with the CUDA driver's process checkpoint API, from a helper process
+# (core/checkpoint.py); the kernel consents first, so that from then on it restores itself before
+# any shell request that may run the user's code (a cell from any frontend, a widget callback, a
+# completion), on the control channel:
+#   SUSPEND_PREPARE {"token"} → {"status": "ok", "pid", "report": <REQUEST's reply before>} or
+#       {"status": "refused", "message"} (a cell running, the warm-up, CUDA memory shared in);
+#   SUSPEND_DONE {"token", "ok", "since", "moved": {"<ordinal>": bytes}, "need": {UUID: bytes},
+#       "message"} → {"status": "ok", "state"}: how the suspend ended (the kernel's waiting helper
+#       starts when it succeeded);
+#   RESUME {} → {"status": "ok", "resumed": bool, "seconds", "steps", "state"} or
+#       {"status": "error", "message"}: the Resume button's path.
+# REQUEST's reply carries "suspend": {"state": one of SUSPEND_STATES, "since", "moved", "error"};
+# while suspended the kernel answers it from what it knew before, touching no GPU library.
+SUSPEND_PREPARE_REQUEST, SUSPEND_PREPARE_REPLY = "gpuctx_suspend_prepare_request", "gpuctx_suspend_prepare_reply"
+SUSPEND_DONE_REQUEST, SUSPEND_DONE_REPLY = "gpuctx_suspend_done_request", "gpuctx_suspend_done_reply"
+RESUME_REQUEST, RESUME_REPLY = "gpuctx_resume_request", "gpuctx_resume_reply"
+SUSPEND_MESSAGES = (SUSPEND_PREPARE_REQUEST, SUSPEND_PREPARE_REPLY, SUSPEND_DONE_REQUEST, SUSPEND_DONE_REPLY,
+                    RESUME_REQUEST, RESUME_REPLY)
+SUSPEND_STATES = ("running", "suspending", "suspended", "resuming")
 # The function a kernel behind a gateway runs to load gpuctx and apply the plan it was sent
 # (the server names it as text: it never imports the kernel side).
 WARM_ENTRY_MODULE, WARM_ENTRY_FUNCTION = "gpuctx_jupyter.kernel.extension", "warm_from_env"

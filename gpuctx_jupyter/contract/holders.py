@@ -4,12 +4,14 @@ The server writes, in its Jupyter runtime dir, one JSON file naming its kernels 
 may list them under, so that a kernel that runs out of memory can name the notebooks holding the
 GPU without asking the server anything. Every kernel the server starts gets the file's path in
 HOLDERS; the kernel reads it only when an out-of-memory error happens. Also here: the release
-request, which gives cached GPU memory back without losing work. Standard library only.
+request, which gives cached GPU memory back without losing work, and how a suspended notebook is
+named everywhere (`suspended_text`). Standard library only.
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 #                 "standby": false,
 #                 "memory": [{"framework": "torch", "ordinal": 0, "allocated": …, "reserved": …,
 #                             "peak": …}],  # the kernel's last reported allocator figures
-#                 "memory_time": <epoch s of that report, or null>}, …]}
+#                 "memory_time": <epoch s of that report, or null>,
+#                 "suspended": null or {"since": <epoch s>, "moved": {"<ordinal>": bytes},
+#                                       "moved_total": bytes}}, …],
+#    "suspend_url": "/<base_url>/gpuctx/api/kernels/{id}/suspend" (or "" where suspend is not offered)}
 # Standbys of the warm pool are entries with "standby": true, an id of "standby-<pid>" and no paths.
 def standby_holder_id(pid: int) -> str:
     """A warm-pool standby's id in the holders file and the server's holder tables."""
@@ -39,6 +44,12 @@ MAX_HOLDERS_BYTES = 4 * 2**20
 RELEASE_REQUEST, RELEASE_REPLY = "gpuctx_release_request", "gpuctx_release_reply"
 
 
+def suspended_text(moved_total: int | float, since: float | None) -> str:
+    """How a suspended notebook is named everywhere: "suspended: 60.0 GiB in host memory since 14:02"."""
+    when = f" since {time.strftime('%H:%M', time.localtime(since))}" if since else ""
+    return f"suspended: {moved_total / 2**30:.1f} GiB in host memory{when}"
+
+
 @dataclass(frozen=True)
 class Holder:
     """One kernel (or warm-pool standby) of the server, as the holders file lists it."""
@@ -53,6 +64,7 @@ class Holder:
     standby: bool = False
     memory: tuple[dict, ...] = ()  # allocator figures as the kernel last reported them
     memory_time: float | None = None
+    suspended: dict | None = None  # {"since", "moved": {"<ordinal>": bytes}, "moved_total"} while suspended
 
     def idle_at(self, now: float, written: float) -> float | None:
         """Seconds without user activity at `now` (None when unknown; 0 while busy)."""
@@ -79,7 +91,13 @@ class Holder:
         return {"id": self.id, "name": self.name, "paths": list(self.paths), "pids": sorted(self.pids),
                 "execution_state": self.execution_state, "last_activity": self.last_activity,
                 "idle_s": self.idle_s, "standby": self.standby, "memory": [dict(m) for m in self.memory],
-                "memory_time": self.memory_time}
+                "memory_time": self.memory_time, "suspended": self.suspended}
+
+    def suspended_from(self, ordinal: int) -> int:
+        """Bytes of cuda:`ordinal` this kernel keeps in host memory while suspended (0 if none)."""
+        moved = (self.suspended or {}).get("moved")
+        value = moved.get(str(ordinal)) if isinstance(moved, dict) else None
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
 
 @dataclass(frozen=True)
@@ -88,11 +106,12 @@ class HoldersFile:
     time: float
     kernels: tuple[Holder, ...]
     release_url: str = ""  # the release route with "{id}" for the kernel id, e.g. /gpuctx/api/kernels/{id}/release
+    suspend_url: str = ""  # the suspend route likewise; "" where this server cannot suspend kernels
 
     def to_json(self) -> str:
         return json.dumps({"version": HOLDERS_VERSION, "server_pid": self.server_pid, "time": self.time,
-                           "release_url": self.release_url, "kernels": [k.as_dict() for k in self.kernels]},
-                          separators=(",", ":"))
+                           "release_url": self.release_url, "suspend_url": self.suspend_url,
+                           "kernels": [k.as_dict() for k in self.kernels]}, separators=(",", ":"))
 
     def by_pid(self) -> dict[int, Holder]:
         table: dict[int, Holder] = {}
@@ -113,6 +132,7 @@ def _holder(raw) -> Holder | None:
     pids = raw.get("pids") if isinstance(raw.get("pids"), list) else []
     memory = raw.get("memory") if isinstance(raw.get("memory"), list) else []
     state = raw.get("execution_state")
+    suspended = raw.get("suspended")
     return Holder(
         id=raw["id"], name=raw["name"] if isinstance(raw.get("name"), str) else "",
         paths=tuple(p for p in paths if isinstance(p, str)),
@@ -122,6 +142,7 @@ def _holder(raw) -> Holder | None:
         standby=raw.get("standby") is True,
         memory=tuple(m for m in memory if isinstance(m, dict) and isinstance(m.get("ordinal"), int)),
         memory_time=_num(raw.get("memory_time")),
+        suspended=suspended if isinstance(suspended, dict) else None,
     )
 
 
@@ -134,10 +155,11 @@ def parse_holders(text: str | bytes | None) -> HoldersFile | None:
     if not isinstance(raw, dict) or raw.get("version") != HOLDERS_VERSION:
         return None
     kernels = raw.get("kernels") if isinstance(raw.get("kernels"), list) else []
-    pid, url = raw.get("server_pid"), raw.get("release_url")
+    pid, url, suspend_url = raw.get("server_pid"), raw.get("release_url"), raw.get("suspend_url")
     return HoldersFile(server_pid=pid if isinstance(pid, int) else None, time=_num(raw.get("time")) or 0.0,
                        kernels=tuple(h for h in map(_holder, kernels) if h is not None),
-                       release_url=url if isinstance(url, str) else "")
+                       release_url=url if isinstance(url, str) else "",
+                       suspend_url=suspend_url if isinstance(suspend_url, str) else "")
 
 
 def read_holders(env: Mapping[str, str] | None = None) -> tuple[HoldersFile | None, str]:

@@ -1,8 +1,11 @@
-"""How much host memory this process may still use, and what a process holds.
+"""How much host memory a process may still use, and what a process holds.
 
 Inside a container (JupyterHub's single-user servers, Kubernetes) the limit is the cgroup's, not
 the machine's: a server that trusted /proc/meminfo would start standbys until the container is
-killed for memory. `available()` takes the smaller of the two.
+killed for memory. `available()` takes the smallest of the machine's MemAvailable and the room
+under each memory limit on the way from the process's cgroup up to the root (a container's, a
+systemd slice's; v2, and v1's memory controller). Suspending a notebook moves its GPU memory into
+the kernel's own host memory: the server asks this of the kernel's process before it starts.
 """
 from __future__ import annotations
 
@@ -15,13 +18,18 @@ CGROUP = "/sys/fs/cgroup"
 
 @dataclass(frozen=True)
 class HostMemory:
-    available: int  # bytes this process's cgroup (or the machine) can still give
+    available: int  # bytes the process's cgroup (or the machine) can still give
     total: int  # bytes in all, under that limit
     limit: str  # what bounds it: "machine" or "cgroup"
 
     @property
     def fraction(self) -> float:
         return self.available / self.total if self.total else 0.0
+
+    @property
+    def source(self) -> str:
+        """What bounds it, in words."""
+        return "its container's memory limit, cgroup" if self.limit == "cgroup" else "the machine's MemAvailable"
 
 
 def _meminfo(proc: str) -> dict[str, int]:
@@ -38,24 +46,57 @@ def _read_int(path: str) -> int | None:
     return int(raw) if raw.isdigit() else None  # "max": no limit
 
 
-def _cgroup_limit(cgroup: str) -> tuple[int, int] | None:
-    """(limit, usage) of this process's memory cgroup, v2 or v1; None without a limit."""
-    for limit_file, usage_file in (("memory.max", "memory.current"),
-                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        limit, usage = _read_int(os.path.join(cgroup, limit_file)), _read_int(os.path.join(cgroup, usage_file))
+def _cgroup_folders(proc: str, cgroup: str, pid: int | str) -> list[tuple[str, str, str]]:
+    """(folder, limit file, usage file) of the process's memory cgroup and each of its parents, v2
+    and v1; the root alone when /proc does not say (inside a cgroup namespace the root is the
+    container's own cgroup)."""
+    try:
+        with open(os.path.join(proc, str(pid), "cgroup")) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        lines = ["0::/", "0:memory:/"]
+    out = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _id, controllers, path = parts
+        if controllers == "":  # v2
+            base, files = cgroup, ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            base, files = os.path.join(cgroup, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
+        else:
+            continue
+        path = path.strip("/")
+        while True:
+            out.append((os.path.join(base, path) if path else base, *files))
+            if not path:
+                break
+            path = os.path.dirname(path)
+    return out
+
+
+def _cgroup_limit(proc: str, cgroup: str, pid: int | str) -> tuple[int, int] | None:
+    """(limit, usage) of the tightest memory limit over the process's cgroup and its parents; None
+    without a limit."""
+    best = None
+    for folder, limit_file, usage_file in _cgroup_folders(proc, cgroup, pid):
+        limit, usage = _read_int(os.path.join(folder, limit_file)), _read_int(os.path.join(folder, usage_file))
         if limit is not None and usage is not None and limit < 2**60:  # v1 says "no limit" with a huge number
-            return limit, usage
-    return None
+            if best is None or limit - usage < best[0] - best[1]:
+                best = (limit, usage)
+    return best
 
 
-def available(proc: str = PROC, cgroup: str = CGROUP) -> HostMemory | None:
-    """The host memory still available to this process (None when /proc cannot say)."""
+def available(proc: str = PROC, cgroup: str = CGROUP, pid: int | str = "self") -> HostMemory | None:
+    """The host memory still available to process `pid` (this one by default); None when /proc
+    cannot say."""
     try:
         info = _meminfo(proc)
         machine = HostMemory(info["MemAvailable"], info["MemTotal"], "machine")
     except (OSError, KeyError, ValueError):
         return None
-    bounded = _cgroup_limit(cgroup)
+    bounded = _cgroup_limit(proc, cgroup, pid)
     if bounded is None:
         return machine
     limit, usage = bounded

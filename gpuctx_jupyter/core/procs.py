@@ -1,4 +1,5 @@
-"""What /proc says about a process: its PIDs in every PID namespace, its children, its command name.
+"""What /proc says about a process: its PIDs in every PID namespace, its children, its command
+name, its owner.
 
 NVML lists GPU processes by host PID; inside a container a process knows itself by another. The
 NSpid line of /proc/<pid>/status gives both, so the kernel (recognising itself) and the server
@@ -57,3 +58,11 @@ def descendants(pid: int, proc: str = PROC) -> set[int]:
             seen.add(p)
             todo.extend(children(p, proc))
     return seen
+
+
+def owner(pid: int, proc: str = PROC) -> int | None:
+    """The user id a process runs as (the owner of its /proc entry), or None when it is gone."""
+    try:
+        return os.stat(os.path.join(proc, str(pid))).st_uid
+    except OSError:
+        return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from . import kernel_view, state
+from . import kernel_view, state, suspend
 from .magics import GpuMagics
 from .state import KernelState
 from .warm import start
@@ -31,8 +31,8 @@ def _log_to_kernel_stderr() -> None:
 
 def load(ip) -> KernelState:
     """Load gpuctx into shell `ip` (twice is harmless): the kernel state, the magics, the cell
-    events, the post-import and thread hooks, the control-channel answers, and the warm-up its
-    settings ask for."""
+    events, the post-import and thread hooks, the control-channel answers, the suspend gate, and
+    the warm-up its settings ask for."""
     st = state.of(ip)
     if st is not None:
         return st
@@ -44,6 +44,7 @@ def load(ip) -> KernelState:
     st.import_hook.install()
     st.switcher.threads.install()
     kernel_view.register(ip, st, on_adopt=lambda previous: start.after_adoption(st, ip, previous))
+    suspend.install(ip, st)  # restores a suspended kernel before any request of the user's
     setattr(ip, state.ATTR, st)
     at_start = _at_kernel_start(ip)
     if at_start:
@@ -81,6 +82,7 @@ def unload(ip) -> None:
         st.workers.stop()
     st.import_hook.remove()
     st.switcher.threads.remove()
+    suspend.uninstall(ip)
     kernel_view.unregister(ip)
     if "gpuctx_jupyter.kernel.monitor" in sys.modules:
         sys.modules["gpuctx_jupyter.kernel.monitor"].close_all()

@@ -11,12 +11,29 @@ notebook (adoption.py). Not a cell, so the warm-up and the user's first cell do 
 runs what `%gpu free` runs (release.release_memory: drop the failed cell's references, gc, return the
 frameworks' cached blocks) and replies with what went back. It runs on the control thread, also
 while a cell runs: see release.py for why that is safe. User variables are never touched.
+
+Suspend (contract.SUSPEND_PREPARE_REQUEST, SUSPEND_DONE_REQUEST, RESUME_REQUEST) is answered by
+the kernel's suspend gate (suspend.py, `state.suspend`); while the kernel is suspended the GPU
+question is answered from what it knew before and the release request is refused, so that nothing
+touches a GPU library until the kernel is back.
 """
 from __future__ import annotations
 
 import os
 
-from ..contract import ADOPT_REPLY, ADOPT_REQUEST, POOLED, REPLY, REQUEST
+from ..contract import (
+    ADOPT_REPLY,
+    ADOPT_REQUEST,
+    POOLED,
+    REPLY,
+    REQUEST,
+    RESUME_REPLY,
+    RESUME_REQUEST,
+    SUSPEND_DONE_REPLY,
+    SUSPEND_DONE_REQUEST,
+    SUSPEND_PREPARE_REPLY,
+    SUSPEND_PREPARE_REQUEST,
+)
 from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
 from ..core import frameworks as fws
 from . import adoption, oom, release
@@ -54,35 +71,47 @@ def register(ip, state, on_adopt=None) -> None:
     if handlers is None:
         return
 
-    def handle(stream, ident, parent):
-        try:
-            content = report(state)
-        except Exception as exc:  # the answer must come, whatever happens
-            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
-        kernel.session.send(stream, REPLY, content, parent, ident)
+    def answering(reply_type: str, answer):
+        """A control handler that replies `answer(request content)`, or the error as the answer
+        (after a failed hand-over the pool stops this standby and starts a fresh kernel)."""
+        def handle(stream, ident, parent):
+            try:
+                content = answer(parent.get("content") or {})
+            except Exception as exc:  # the answer must come, whatever happens
+                content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
+            kernel.session.send(stream, reply_type, content, parent, ident)
+        return handle
 
-    def release_cache(stream, ident, parent):
-        try:
-            content = release.release_memory(ip).as_reply()
-        except Exception as exc:  # the answer must come, whatever happens
-            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
-        kernel.session.send(stream, RELEASE_REPLY, content, parent, ident)
+    def gpu_question(_content):
+        gate = state.suspend
+        return (gate.answer() if gate is not None else None) or report(state)
 
-    def adopted(stream, ident, parent):
-        try:
-            content = adoption.adopt(ip, parent.get("content") or {}, on_adopt)
-        except Exception as exc:  # the pool then stops this standby and starts a fresh kernel
-            content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
-        kernel.session.send(stream, ADOPT_REPLY, content, parent, ident)
+    def release_cache(_content):
+        if state.suspend is not None and state.suspend.suspended:
+            return {"status": "error", "message": "this kernel is suspended: its GPU memory is in host memory, "
+                                                  "nothing of it is cached on the GPU"}
+        return release.release_memory(ip).as_reply()
 
-    handlers[REQUEST] = handle
-    handlers[RELEASE_REQUEST] = release_cache
-    handlers[ADOPT_REQUEST] = adopted
+    def suspend_step(step):
+        def answer(content):
+            gate = state.suspend
+            if gate is None:  # gpuctx is loaded outside an ipykernel's shell hooks
+                return {"status": "refused", "message": "this kernel cannot resume itself (no suspend gate)"}
+            return step(gate, content)
+        return answer
+
+    handlers[REQUEST] = answering(REPLY, gpu_question)
+    handlers[RELEASE_REQUEST] = answering(RELEASE_REPLY, release_cache)
+    handlers[ADOPT_REQUEST] = answering(ADOPT_REPLY, lambda content: adoption.adopt(ip, content, on_adopt))
+    handlers[SUSPEND_PREPARE_REQUEST] = answering(SUSPEND_PREPARE_REPLY, suspend_step(
+        lambda gate, content: gate.prepare(str(content.get("token") or ""))))
+    handlers[SUSPEND_DONE_REQUEST] = answering(SUSPEND_DONE_REPLY, suspend_step(lambda gate, content: gate.done(content)))
+    handlers[RESUME_REQUEST] = answering(RESUME_REPLY, suspend_step(lambda gate, _c: gate.resume(by="the server")))
 
 
 def unregister(ip) -> None:
     handlers = getattr(getattr(ip, "kernel", None), "control_handlers", None)
     if handlers is not None:
-        handlers.pop(REQUEST, None)
-        handlers.pop(RELEASE_REQUEST, None)
-        handlers.pop(ADOPT_REQUEST, None)
+        for name in (REQUEST, RELEASE_REQUEST, ADOPT_REQUEST, SUSPEND_PREPARE_REQUEST, SUSPEND_DONE_REQUEST,
+                     RESUME_REQUEST):
+            handlers.pop(name, None)

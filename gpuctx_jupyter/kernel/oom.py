@@ -140,7 +140,10 @@ def _explain(oom: OomError, exc: BaseException | None, now: float) -> str:
     shares: list[HolderShare] = []
     if device is not None:
         shares = _other_holders(device.record, holders, now)
-        lines.extend(_holder_lines(ordinal, shares, why_no_holders))
+        suspended = _suspended_line(ordinal, holders)
+        lines.extend(_holder_lines(ordinal, shares, why_no_holders, MAX_HOLDER_LINES - bool(suspended)))
+        if suspended:
+            lines.append(suspended)
     prealloc = _jax_preallocated(oom, device)
     cupy_cache = sum(f.reserved - f.allocated for f in figures if f.framework == "cupy" and f.ordinal == ordinal)
     keeps = []
@@ -208,17 +211,28 @@ def _other_holders(record, holders: holders_file.HoldersFile | None, now: float)
     return sorted(grouped.values(), key=lambda s: -s.used)
 
 
-def _holder_lines(ordinal: int, shares: list[HolderShare], why_no_holders: str) -> list[str]:
+def _suspended_line(ordinal: int, holders: holders_file.HoldersFile | None) -> str | None:
+    """The notebooks suspended from this GPU (not on it now: NVML does not list them)."""
+    rows = [(h, h.suspended_from(ordinal)) for h in (holders.kernels if holders else ()) if h.suspended]
+    rows = [(h, n) for h, n in rows if n]
+    if not rows:
+        return None
+    return "  " + "; ".join(f"{h.label()} is {holders_file.suspended_text(n, h.suspended.get('since'))}"
+                            for h, n in rows) + " (back on its next cell)"
+
+
+def _holder_lines(ordinal: int, shares: list[HolderShare], why_no_holders: str,
+                  limit: int = MAX_HOLDER_LINES) -> list[str]:
     if not shares:
         return [f"  no other process holds memory on cuda:{ordinal}"]
-    more = shares[MAX_HOLDER_LINES:]
+    more = shares[limit:]
     head = f"  other holders of cuda:{ordinal}, largest first"
     if more:
         head += f" ({len(more)} more hold{'s' if len(more) == 1 else ''} {gib(sum(s.used for s in more))})"
     if why_no_holders and not any(s.holder for s in shares):
         head += f" (notebooks cannot be named: {why_no_holders})"
     lines = [head + ":"]
-    for s in shares[:MAX_HOLDER_LINES]:
+    for s in shares[:limit]:
         detail = []
         if s.holder is not None and not s.holder.standby:
             rows = [m for m in s.holder.memory if m.get("ordinal") == ordinal]
@@ -253,6 +267,7 @@ def _fixes(oom, ordinal, device, inv, figures, shares, held, prealloc, holders) 
         fixes.append(Fix(f"`%gpu free` — returns {gib(mine)} this kernel keeps cached or alive for the failed cell",
                          mine, enough(mine), 0))
     url = holders.release_url if holders else ""
+    suspend_url = holders.suspend_url if holders else ""
     for s in shares:
         h = s.holder
         if h is None or h.standby or h.execution_state == "busy":
@@ -263,6 +278,10 @@ def _fixes(oom, ordinal, device, inv, figures, shares, held, prealloc, holders) 
             where = "the GPU panel's Release button" + (f", or POST {url.replace('{id}', h.id)}" if url else "")
             fixes.append(Fix(f"release the cache of {s.label} ({gib(cached)}{idle}; its variables stay): {where}",
                              cached, enough(cached), 1, h.id))
+        if suspend_url and not h.suspended:
+            fixes.append(Fix(f"suspend {s.label} ({gib(s.used)}{idle}; its variables stay; it resumes on its next "
+                             f"cell): the GPU panel's Suspend button, or POST {suspend_url.replace('{id}', h.id)}",
+                             s.used, enough(s.used), 2, h.id))
         fixes.append(Fix(f"shut down {s.label} ({gib(s.used)}{idle}; its variables are lost): the GPU panel's "
                          f"Shut down button, or DELETE /api/kernels/{h.id}", s.used, enough(s.used), 4, h.id))
     needed = oom.requested or 0
@@ -291,8 +310,11 @@ def _fixes(oom, ordinal, device, inv, figures, shares, held, prealloc, holders) 
         fixes.append(Fix(f"together, {names} — {gib(together)}, their variables stay", together, True, 1))
     fixes = [f for f in fixes if f.enough]
     fixes.sort(key=lambda f: (f.cost, -(f.frees or 0)))
-    # Releasing a notebook's cache that is enough makes shutting it down pointless: keep the gentler.
-    gentle = {f.holder for f in fixes if f.holder and f.command.startswith("release")}
+    # Releasing a notebook's cache, or suspending it, makes shutting it down pointless (and a release
+    # makes its suspend pointless): keep the gentler.
+    released = {f.holder for f in fixes if f.holder and f.command.startswith("release")}
+    fixes = [f for f in fixes if not (f.holder in released and f.command.startswith("suspend"))]
+    gentle = released | {f.holder for f in fixes if f.holder and f.command.startswith("suspend")}
     fixes = [f for f in fixes if not (f.holder in gentle and f.command.startswith("shut down"))]
     asked = f" (this one asked for {gib(oom.requested)})" if oom.requested else ""
     return fixes[:MAX_FIXES - 1] + [Fix(f"a smaller batch or model{asked}", None, False, 9)]

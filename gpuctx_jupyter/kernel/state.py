@@ -1,6 +1,7 @@
-"""What gpuctx keeps in one kernel: the device choice, the warm-up, the post-import hook and the
-device the cells' thread last used — one object that the magics, the control-channel answers
-(`kernel_view`), the warm pool's hand-over (`adoption`) and the cell events share.
+"""What gpuctx keeps in one kernel: the device choice, the warm-up, the post-import hook, the
+device the cells' thread last used and the suspend gate — one object that the magics, the
+control-channel answers (`kernel_view`), the warm pool's hand-over (`adoption`) and the cell events
+share.
 
 It lives on the shell as `ip._gpuctx` from `%load_ext gpuctx` (or the kernel's start-up load)
 until `%unload_ext gpuctx`.
@@ -26,6 +27,7 @@ class KernelState:
         # (CUDA device, torch default device) of the thread that runs cells, as the last cell left
         # them: the control channel answers from its own thread, and both are per thread.
         self.cell_thread_device: tuple[int | None, str | None] | None = None
+        self.suspend = None  # kernel/suspend.py's Gate, in an ipykernel (installed by extension.load)
         self.workers = None  # GpuWorkers of `%gpu workers`, made by the magics on first use
 
     def _warmup_starting_cuda(self) -> bool:

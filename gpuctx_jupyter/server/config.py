@@ -327,6 +327,49 @@ class GpuctxServer(Configurable):
         panel can warn its user.""",
     ).tag(config=True)
 
+    # -- suspending idle notebooks (issue #28; server/suspend.py) ------------------------------------
+    suspend_enabled = Bool(
+        True,
+        help="""Offer Suspend where the CUDA driver has its process checkpoint API (driver ≥ 570; the
+        server asks the driver once at start, and GET /gpuctx/api/devices says what it found under
+        "suspend"): POST /gpuctx/api/kernels/<id>/suspend moves an idle kernel's GPU memory into its
+        host memory, and the kernel brings it back before its next cell. False: the button is
+        absent and the route answers 409.""",
+    ).tag(config=True)
+
+    suspend_lock_timeout = Float(
+        5.0,
+        help="""Seconds the driver's lock may wait for a CUDA call the kernel is inside (a thread
+        of the user's computing on the GPU) before the suspend is refused.""",
+    ).tag(config=True)
+
+    suspend_timeout = Float(
+        900.0,
+        help="""Seconds a whole suspend or resume may take (the checkpoint of a full H200 takes
+        about a minute) before the server gives up waiting for it.""",
+    ).tag(config=True)
+
+    suspend_host_reserve_gib = Float(
+        2.0,
+        help="""GiB of host memory (of the machine, or of the kernel's container where it has a
+        limit) that must stay free after a suspend: a suspend that would leave less is refused.""",
+    ).tag(config=True)
+
+    cull_idle_gpu_kernels_action = Enum(
+        ["shutdown", "suspend"], "shutdown",
+        help="""What culling does to an idle GPU holder (cull_idle_gpu_kernels_after): 'shutdown'
+        (its variables are lost) or 'suspend' (its GPU memory moves to host memory; it resumes on
+        its next cell). Where suspend is unavailable, 'suspend' culls nothing and says why in the log.""",
+    ).tag(config=True)
+
+    pressure_action = Enum(
+        ["release", "suspend"], "release",
+        help="""What automatic release does to this server's kernels that have been idle
+        release_idle_seconds on a GPU that runs short (release_below_free_fraction): 'release' their
+        cached allocator memory (tensors stay on the GPU), or 'suspend' them (all their GPU memory
+        moves to host memory, variables intact; they resume on their next cell).""",
+    ).tag(config=True)
+
     @validate("idle_holder_seconds", "release_idle_seconds", "release_idle_after", "cull_idle_gpu_kernels_after",
               "cull_warning_seconds", "release_timeout", "pool_reserve_after", "history_seconds")
     def _seconds(self, proposal):
@@ -335,6 +378,20 @@ class GpuctxServer(Configurable):
             raise TraitError(f"c.GpuctxServer.{proposal.trait.name} = {value!r}: give 0 (off) or a positive "
                              "number of seconds")
         return value
+
+    @validate("suspend_host_reserve_gib")
+    def _gib(self, proposal):
+        if not math.isfinite(proposal.value) or proposal.value < 0:
+            raise TraitError(f"c.GpuctxServer.suspend_host_reserve_gib = {proposal.value!r}: give 0 or a positive "
+                             "number of GiB")
+        return proposal.value
+
+    @validate("suspend_lock_timeout", "suspend_timeout")
+    def _positive_seconds(self, proposal):
+        if not math.isfinite(proposal.value) or proposal.value <= 0:
+            raise TraitError(f"c.GpuctxServer.{proposal.trait.name} = {proposal.value!r}: give a positive number "
+                             "of seconds")
+        return proposal.value
 
     @validate("release_below_free_fraction", "pool_min_free_fraction", "standby_memory_fraction")
     def _fraction(self, proposal):

@@ -3,10 +3,12 @@ GPU memory (c.GpuctxServer.cull_idle_gpu_kernels_after, 0 = off).
 
 Run after each holders round (Holders.consumers). A kernel of this server that NVML lists on some
 GPU and that has had no user activity (gpuctx's own requests do not count) for the configured time
-is shut down through the kernel manager — so through KernelActions, one action per kernel at a
-time — with one log line naming the notebook and the memory freed. A kernel running a cell is never
-culled. The time each holder will be culled is kept in `cull_at` for the GPU API, which the panel
-shows as a notification from cull_warning_seconds before. The clock is injected, so tests drive it.
+is shut down through the kernel manager — so through the lifecycle's Actions, one action per
+kernel at a time — with one log line naming the notebook and the memory freed (or, with
+c.GpuctxServer.cull_idle_gpu_kernels_action = "suspend", suspended: `shutdown` is then suspend.py's
+and `action` says so). A kernel running a cell is never culled. The time each holder will be
+culled is kept in `cull_at` for the GPU API, which the panel shows as a notification from
+cull_warning_seconds before. The clock is injected, so tests drive it.
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from ..core.inventory import Inventory
 
 class GpuCuller:
     def __init__(self, after: float, shutdown: Callable[[str], object], clock: Callable[[], float] = time.time,
-                 log=None, warning_s: float = 600.0):
+                 log=None, warning_s: float = 600.0, action: str = "shutdown"):
         if after < 0 or warning_s < 0:
             raise ValueError("cull times must be 0 (off) or positive seconds")
         self.after, self.warning_s = after, warning_s
         self.shutdown, self.clock, self.log = shutdown, clock, log
+        self.action = action  # or "suspend": what `shutdown` does, for the log and the entries
         self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
         self.culled: list[dict] = []  # newest last (bounded)
 
@@ -55,14 +58,17 @@ class GpuCuller:
                 if inspect.isawaitable(result):
                     await result
             except Exception as exc:  # noqa: BLE001 — gone meanwhile, or the manager refused: say so
-                self._log("warning", "gpuctx: could not cull idle kernel %s (%s): %s: %s", h.id, h.label(),
+                self._log("warning", "gpuctx: could not %s idle kernel %s (%s): %s: %s",
+                          "cull" if self.action == "shutdown" else self.action, h.id, h.label(),
                           type(exc).__name__, exc)
                 continue
-            entry = {"kernel_id": h.id, "label": h.label(), "idle_s": round(idle), "freed": freed, "time": now}
+            entry = {"kernel_id": h.id, "label": h.label(), "idle_s": round(idle), "freed": freed, "time": now,
+                     "action": self.action}
             culled.append(entry)
-            self._log("info", "gpuctx: culled kernel %s (%s), idle %d s, holding %s of GPU memory (%s) — "
-                      "c.GpuctxServer.cull_idle_gpu_kernels_after = %g", h.id, h.label(), idle, _gib(freed), where,
-                      self.after)
+            self._log("info", "gpuctx: %s kernel %s (%s), idle %d s, holding %s of GPU memory (%s) — "
+                      "c.GpuctxServer.cull_idle_gpu_kernels_after = %g",
+                      "culled" if self.action == "shutdown" else "suspended idle", h.id, h.label(), idle,
+                      _gib(freed), where, self.after)
         self.cull_at = cull_at
         self.culled = (self.culled + culled)[-50:]
         return culled

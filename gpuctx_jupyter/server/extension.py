@@ -4,12 +4,14 @@ given what it needs through its constructor. Read this file to see how the piece
   settings       config.GpuctxServer (c.GpuctxServer.*)
   notebooks      notebooks.Notebooks: the one notebook reader, off the event loop
   launch         launch.Launcher: what each kernel gets at launch (warm settings, device, gpuctx)
+  suspend        suspend.SuspendManager: idle notebooks' GPU memory into host memory and back,
+                 through the driver's checkpoint API (checkpointer.HelperCheckpointer)
   who holds      holders.Holders: the holders file, idle holders, the round its consumers run on
   warm pool      reserve.Reserve (which kernelspecs, memory floors), import_profile.ImportProfile
                  (what imports standbys import) and pool.Pool (the standbys, standby.py)
   provisioner    provisioner.attach: how local kernels are launched (from a standby when one fits)
   lifecycle      lifecycle.Lifecycle: the one chain around the kernel manager (one action per
-                 kernel at a time, gateway warm-ups, shutdown order)
+                 kernel at a time — suspend and resume among them —, gateway warm-ups, shutdown order)
   consumers      release.PressureRelease and culling.GpuCuller, run after each holders round
   history        history.GpuHistory (the last hour for pages that connect), links.LinkReader
                  (PCIe/NVLink while a dashboard asks), usage.HostUsage (host memory and CPU)
@@ -21,11 +23,13 @@ import importlib.util
 import weakref
 from dataclasses import dataclass
 
-from ..contract import ADOPT_REPLY, ADOPT_REQUEST, REPLY, REQUEST
+from ..contract import ADOPT_REPLY, ADOPT_REQUEST, REPLY, REQUEST, SUSPEND_MESSAGES
 from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
+from ..core import inventory
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
-from . import jupyter_internals, metrics, provisioner, release, routes
+from . import jupyter_internals, metrics, provisioner, release, routes, suspend
+from .checkpointer import HelperCheckpointer
 from .config import GpuctxServer
 from .culling import GpuCuller
 from .gpu_api import GpuApi
@@ -43,7 +47,7 @@ from .usage import HostUsage
 
 # What gpuctx's control-channel requests cause: the request, its reply, and the busy/idle status
 # the kernel publishes with the request as parent. None of it is the user's activity.
-UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY)
+UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY, *SUSPEND_MESSAGES)
 
 _servers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -62,6 +66,7 @@ class Server:
     pressure: release.PressureRelease
     culler: GpuCuller
     api: GpuApi
+    suspend: suspend.SuspendManager
     history: StreamHistory | None
 
 
@@ -81,7 +86,10 @@ def load(serverapp) -> Server:
 
     background = Background(log)
     notebooks = Notebooks()
-    holders = Holders(serverapp, query_timeout=cfg.kernel_query_timeout)
+    reported: dict = {}  # kernel id -> (local pid, own pid) as kernels report them: the holders round, suspend, API
+    suspender = suspend.SuspendManager(serverapp, cfg, HelperCheckpointer(timeout=cfg.suspend_timeout),
+                                       replay.read if replay else inventory.take, reported, log)
+    holders = Holders(serverapp, reported, query_timeout=cfg.kernel_query_timeout, suspend=suspender)
     # a gateway's kernels run elsewhere: no holders file to share with them
     launcher = Launcher(cfg, log, serverapp.kernel_spec_manager, notebooks, background,
                         holders_file=None if gateway else holders.path, gateway=gateway, kernel_manager=mkm)
@@ -94,33 +102,41 @@ def load(serverapp) -> Server:
     if pool is not None:
         holders.standbys = lambda: pool.standbys
     history = _history(serverapp, cfg, replay)
-    lifecycle = Lifecycle(mkm, launcher, background, pool, gateway,
-                          on_shutdown=[holders.stop, notebooks.close, lambda: provisioner.detach(mkm),
+    lifecycle = Lifecycle(mkm, launcher, background, pool, gateway, suspend=suspender,
+                          on_shutdown=[holders.stop, suspender.stop, notebooks.close, lambda: provisioner.detach(mkm),
                                        *([history.stop] if history else [])])
     lifecycle.install()
 
     async def release_kernel(kernel_id: str) -> dict:
         return await release.release(mkm.get_kernel(kernel_id), cfg.release_timeout)
 
+    # with pressure_action / cull_idle_gpu_kernels_action = "suspend", idle holders are suspended instead
     pressure = release.PressureRelease(cfg.release_below_free_fraction, cfg.release_idle_seconds,
-                                       cfg.release_idle_after, release_kernel, pool.evict if pool else None, log=log,
-                                       recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S))
-    culler = GpuCuller(cfg.cull_idle_gpu_kernels_after, mkm.shutdown_kernel, log=log,
-                       warning_s=cfg.cull_warning_seconds)
+                                       cfg.release_idle_after,
+                                       suspend.pressure(lifecycle.actions) if cfg.pressure_action == "suspend"
+                                       else release_kernel, pool.evict if pool else None, log=log,
+                                       recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S),
+                                       action=cfg.pressure_action)
+    culler = GpuCuller(cfg.cull_idle_gpu_kernels_after,
+                       suspend.culling(lifecycle.actions) if cfg.cull_idle_gpu_kernels_action == "suspend"
+                       else mkm.shutdown_kernel, log=log, warning_s=cfg.cull_warning_seconds,
+                       action=cfg.cull_idle_gpu_kernels_action)
     holders.consumers += [pressure, culler]
 
-    api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, history)
-    holders.reported = api.reported  # the PIDs kernels report, shared by the API and the holders round
+    api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, history, suspender,
+                 reported)
     routes.setup(serverapp.web_app, api)
     private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
     metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)
 
     holders.start(api.read)
+    suspender.start(background)
     if history is not None:
         history.start()
     if pool is not None:
         pool.start()
-    server = Server(cfg, background, notebooks, launcher, holders, pool, lifecycle, pressure, culler, api, history)
+    server = Server(cfg, background, notebooks, launcher, holders, pool, lifecycle, pressure, culler, api, suspender,
+                    history)
     _servers[serverapp] = server
     log.info("gpuctx: warming %s kernels (policy %s), device assignment %s%s%s",
              ", ".join(cfg.warm_kernelspecs) or "ipykernel", cfg.warm_policy, cfg.assign_devices,

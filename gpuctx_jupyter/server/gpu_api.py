@@ -1,5 +1,6 @@
 """What the GPU API's routes share: the settings, the process's one sampler, and the snapshot —
-every exposed GPU, who holds what on it (holders.py), the warm pool — built once per sample.
+every exposed GPU, who holds what on it (holders.py), the warm pool, the suspended notebooks
+(suspend.py) — built once per sample.
 
 NVML is read in the process's one sampler thread (or an executor), never on the event loop of a
 request; the websocket clients of the server share that sampler and, per tick, one serialised
@@ -21,15 +22,16 @@ from .config import GpuctxServer
 
 class GpuApi:
     def __init__(self, serverapp, cfg: GpuctxServer, replay=None, launcher=None, pool=None, lifecycle=None,
-                 holders=None, pressure=None, culler=None, history=None):
+                 holders=None, pressure=None, culler=None, history=None, suspend=None, reported: dict | None = None):
         self.serverapp, self.cfg = serverapp, cfg
         self.sampler = process_sampler()
         self.replay = replay  # a trace.Replay: read from it, and label every snapshot
         self._read = replay.read if replay else inventory.take
         self.launcher, self.pool, self.lifecycle = launcher, pool, lifecycle
-        self.holders, self.pressure, self.culler = holders, pressure, culler
+        self.holders, self.pressure, self.culler, self.suspend = holders, pressure, culler, suspend
         self.history = history  # history.StreamHistory: sent to each stream client first (None: off)
-        self.reported: dict[str, tuple[int | None, int]] = {}  # kernel id -> (local pid, own pid)
+        # kernel id -> (local pid, own pid): the PIDs kernels report, shared with the holders round
+        self.reported: dict[str, tuple[int | None, int]] = reported if reported is not None else {}
         self._message: tuple[Sample | None, str] = (None, "")
         self._logged: set[str] = set()  # errors already logged (each once)
 
@@ -82,6 +84,11 @@ class GpuApi:
         snap["pool"] = self.pool_status()
         if self.holders is not None:
             self._add_holders(snap)
+        if self.suspend is not None:
+            try:
+                self.suspend.annotate(snap)
+            except Exception as exc:  # the snapshot stands without the extra fields
+                self.log_once("adding suspended kernels to the GPU snapshot", exc)
         if self.history is not None:
             try:
                 self.history.annotate(snap, sample, self.sampler)

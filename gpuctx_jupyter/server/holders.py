@@ -11,6 +11,10 @@ Three uses, one collection per sample:
   time to each kernel in the /gpuctx/api/devices snapshot;
 - the consumers run after each collection (automatic release, culling: release.py, culling.py).
 
+With `suspend` (suspend.py's SuspendManager) each suspended kernel's entry says what it moved to
+host memory, and the file names the suspend route where the driver offers it, so that another
+notebook's out-of-memory explanation can offer suspending an idle holder.
+
 Allocator figures come from the kernels themselves (the control-channel question,
 kernel_query.ask): a kernel that holds GPU memory is asked again only when it was active since
 its last answer (or every BUSY_REASK_S while it runs a cell), so an idle notebook is asked once.
@@ -71,7 +75,7 @@ def _epoch(dt) -> float | None:
 class Holders:
     def __init__(self, serverapp, reported: dict | None = None, standbys: Callable[[], list] = list,
                  path: str | None = None, clock: Callable[[], float] = time.time, ask=kernel_query.ask,
-                 query_timeout: float = 2.0, log=None):
+                 query_timeout: float = 2.0, log=None, suspend=None):
         self.serverapp, self.standbys, self.log = serverapp, standbys, log or serverapp.log
         self.reported = reported if reported is not None else {}  # shared with GpuApi: id -> (local pid, own pid)
         self.path = path or holders_path(serverapp.runtime_dir)
@@ -85,6 +89,12 @@ class Holders:
         self._running = False
         base = getattr(serverapp, "base_url", "/") or "/"
         self.release_url = base.rstrip("/") + "/gpuctx/api/kernels/{id}/release"
+        self.suspend = suspend  # .info(kernel id) while suspended, .offered where the driver can
+
+    @property
+    def suspend_url(self) -> str:
+        """The suspend route for the holders file ("" where suspend is not offered)."""
+        return self.release_url.replace("/release", "/suspend") if self.suspend and self.suspend.offered else ""
 
     # -- what the kernels report ----------------------------------------------------------------
     def remember(self, kernel_id: str, local_pid: int | None, answer: Mapping) -> None:
@@ -124,7 +134,8 @@ class Holders:
             out.append(Holder(id=info.id, name=info.name, paths=info.paths, pids=info.pids,
                               execution_state=info.execution_state, last_activity=last,
                               idle_s=None if last is None else max(0.0, now - last), standby=False,
-                              memory=tuple(memory), memory_time=when))
+                              memory=tuple(memory), memory_time=when,
+                              suspended=self.suspend.info(info.id) if self.suspend else None))
         out.extend(self._standbys(now))
         return out
 
@@ -149,8 +160,9 @@ class Holders:
     def write(self, holders: list[Holder], force: bool = False) -> bool:
         """Write the file when its content changed (or every REWRITE_S); True when written."""
         now = self.clock()
-        content = HoldersFile(os.getpid(), now, tuple(holders), self.release_url)
-        key = HoldersFile(os.getpid(), 0.0, tuple(_timeless(h) for h in holders), self.release_url).to_json()
+        content = HoldersFile(os.getpid(), now, tuple(holders), self.release_url, self.suspend_url)
+        key = HoldersFile(os.getpid(), 0.0, tuple(_timeless(h) for h in holders), self.release_url,
+                          self.suspend_url).to_json()
         if not force and self._written and self._written[0] == key and now - self._written[1] < REWRITE_S:
             return False
         directory = os.path.dirname(self.path) or "."

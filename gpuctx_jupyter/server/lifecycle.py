@@ -4,7 +4,9 @@ How a kernel is launched is the provisioner's (`provisioner.py`). What a provisi
 is here, wrapped once, in this order, around jupyter_server's own methods:
 
   interrupt / restart / shutdown   1. one action per kernel at a time (below)
-                                   2. gateway kernels: the warm-up request after a (re)start
+                                   2. a suspended kernel (suspend.py) is restarted or shut down at
+                                      once (now=True), and forgotten as suspended
+                                   3. gateway kernels: the warm-up request after a (re)start
   start                            2. gateway kernels: the warm-up request after the start
   shutdown_all                     the warm pool's processes first, then the holders round and
                                    the notebook reader stop, every background task is awaited,
@@ -14,7 +16,8 @@ One action at a time per kernel: jupyter_client restarts a kernel by stopping it
 starting a new one on the same ports: two restarts at once both stop the same process, and the
 second start finds its ports taken ("Address already in use"), leaving a process that no one
 tracks. So every action on a kernel — gpuctx's routes, jupyter_server's own
-/api/kernels/<id>/restart, the idle culler, a session deleted — goes through `Actions`:
+/api/kernels/<id>/restart, the idle culler, a session deleted, and gpuctx's suspend and resume
+(suspend.py: actions of this table, not wrappers) — goes through `Actions`:
 
 - an action asked while the same action is in flight on that kernel joins it: both callers get
   its outcome, and the kernel is restarted (or stopped) once;
@@ -127,12 +130,16 @@ class Actions:
 class Lifecycle:
     """Installs the chain (see the module's docstring) on the server's kernel manager, once."""
 
-    def __init__(self, mkm, launcher, background, pool=None, gateway: bool = False, on_shutdown=()):
+    def __init__(self, mkm, launcher, background, pool=None, gateway: bool = False, on_shutdown=(), suspend=None):
         self.mkm, self.launcher, self.background, self.pool, self.gateway = mkm, launcher, background, pool, gateway
+        self.suspend = suspend  # suspend.SuspendManager: its suspend and resume are actions too
         self.on_shutdown = list(on_shutdown)  # called after the pool is closed, before the tasks are awaited
         self._own = {name: getattr(mkm, name) for name in (*ACTIONS, "start_kernel", "shutdown_all")}
-        self.actions = Actions(mkm, {"interrupt_kernel": self._own["interrupt_kernel"],
-                                     "restart_kernel": self._restart, "shutdown_kernel": self._own["shutdown_kernel"]})
+        methods = {"interrupt_kernel": self._own["interrupt_kernel"], "restart_kernel": self._restart,
+                   "shutdown_kernel": self._shutdown}
+        if suspend is not None:
+            methods.update(suspend_kernel=suspend.suspend, resume_kernel=suspend.resume)
+        self.actions = Actions(mkm, methods)
 
     def install(self) -> None:
         mkm = self.mkm
@@ -156,9 +163,23 @@ class Lifecycle:
             return None
 
     async def _restart(self, kernel_id, *args, **kwargs):
-        result = await ensure_async(self._own["restart_kernel"](kernel_id, *args, **kwargs))
+        result = await self._at_once_if_suspended("restart_kernel", kernel_id, *args, **kwargs)
         if self.gateway:
             self.launcher.warm_remote(kernel_id)
+        return result
+
+    async def _shutdown(self, kernel_id, *args, **kwargs):
+        return await self._at_once_if_suspended("shutdown_kernel", kernel_id, *args, **kwargs)
+
+    async def _at_once_if_suspended(self, method: str, kernel_id, *args, **kwargs):
+        """A suspended kernel's process is stopped at once: asked to exit politely it would wait,
+        checkpointed, for the CUDA teardown (and a restart must not restore it first)."""
+        suspended = self.suspend is not None and self.suspend.is_suspended(kernel_id)
+        if suspended and not args:
+            kwargs["now"] = True
+        result = await ensure_async(self._own[method](kernel_id, *args, **kwargs))
+        if suspended:
+            self.suspend.forget(kernel_id)
         return result
 
     async def shutdown_kernel(self, kernel_id, *args, **kwargs):

@@ -36,6 +36,8 @@ GPU_SERIES = [
 AVAILABLE = ("gpuctx_gpu_available", "1 when the server sees a GPU; 0 with the reason as a label")
 KERNEL_MEMORY = ("gpuctx_kernel_gpu_memory_bytes", "GPU memory NVML lists for a kernel of this server "
                  "(its processes and their children), bytes")
+SUSPENDED = ("gpuctx_kernel_suspended_bytes", "GPU memory of a suspended kernel of this server, moved into its "
+             "host memory until it resumes, bytes (per GPU it came from)")
 KERNEL_LABELS = ["kernel_id", "kernel_name", "path", "gpu", "uuid"]  # path: its sessions' notebooks
 PUBLIC_KERNEL_LABELS = ["kernel_name", "gpu", "uuid"]  # unauthenticated /metrics: no ids, no paths
 
@@ -48,7 +50,7 @@ class GpuCollector:
 
     def describe(self):
         # Given, so that registering does not call collect() (and read NVML) at server start.
-        names = [AVAILABLE, *((name, doc) for name, doc, _ in GPU_SERIES), KERNEL_MEMORY]
+        names = [AVAILABLE, *((name, doc) for name, doc, _ in GPU_SERIES), KERNEL_MEMORY, SUSPENDED]
         return [GaugeMetricFamily(name, doc) for name, doc in names]
 
     def collect(self):
@@ -88,6 +90,23 @@ class GpuCollector:
                 for name, used in sorted(per_spec.items()):
                     kernels.add_metric([name, str(d["nvml_index"]), d["uuid"]], used)
         yield kernels
+        yield self._suspended(snap)
+
+    def _suspended(self, snap: dict) -> GaugeMetricFamily:
+        """From each device's "suspended" list (SuspendManager.annotate, server/suspend.py), labelled like KERNEL_MEMORY."""
+        family = GaugeMetricFamily(*SUSPENDED, labels=KERNEL_LABELS if self.kernel_labels else PUBLIC_KERNEL_LABELS)
+        for d in snap["devices"]:
+            per_spec: dict[str, int] = {}
+            for entry in d.get("suspended") or []:
+                kernel = entry["kernel"]
+                if self.kernel_labels:
+                    family.add_metric([kernel["id"], kernel["name"], ",".join(kernel["paths"]), str(d["nvml_index"]),
+                                       d["uuid"]], entry["bytes"])
+                else:
+                    per_spec[kernel["name"]] = per_spec.get(kernel["name"], 0) + entry["bytes"]
+            for name, total in sorted(per_spec.items()):
+                family.add_metric([name, str(d["nvml_index"]), d["uuid"]], total)
+        return family
 
 
 def kernel_memory(device: dict) -> dict[str, tuple[dict, int]]:

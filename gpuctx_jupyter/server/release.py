@@ -12,7 +12,8 @@ just run out of memory on it, as that kernel reports), the warm pool's standbys 
 first (`pool.evict(ordinal)`), then the caches of this server's kernels on it that have been idle
 (no user activity) for release_idle_seconds; with release_idle_after set, any kernel idle that long
 has its cache released whatever the pressure. A kernel is released once per idle stretch: again
-only after it has been active since.
+only after it has been active since. With c.GpuctxServer.pressure_action = "suspend" the idle
+kernels are suspended instead (`release_kernel` is then suspend.py's, `action` says so).
 """
 from __future__ import annotations
 
@@ -46,12 +47,14 @@ class PressureRelease:
 
     def __init__(self, below_free_fraction: float, idle_seconds: float, idle_after: float,
                  release_kernel: ReleaseKernel, evict: Evict | None = None, clock=time.time, log=None,
-                 min_cache: int = 64 * 2**20, recent_oom: Callable[[int], bool] | None = None):
+                 min_cache: int = 64 * 2**20, recent_oom: Callable[[int], bool] | None = None,
+                 action: str = "release"):
         self.below, self.idle_seconds, self.idle_after = below_free_fraction, idle_seconds, idle_after
         self.release_kernel, self.evict, self.clock, self.log = release_kernel, evict, clock, log
         self.min_cache = min_cache
         self.recent_oom = recent_oom  # ordinal -> a kernel of this server ran out of memory there lately
         self._evicted_at: dict[int, float] = {}  # ordinal -> when standbys were last evicted there
+        self.action = action  # or "suspend" (c.GpuctxServer.pressure_action): what release_kernel does
         self.released: dict[str, float | None] = {}  # kernel id -> its last_activity when released
         self.history: list[dict] = []  # what was released, newest last (bounded)
 
@@ -102,19 +105,23 @@ class PressureRelease:
             if h.id not in reasons:
                 continue
             cached = [c for c in (h.cached(o) for o in held.get(h.id, {})) if c is not None]
-            if cached and sum(cached) < self.min_cache:
+            if self.action == "release" and cached and sum(cached) < self.min_cache:
                 self.released[h.id] = h.last_activity  # nothing worth asking for until it is active again
                 continue
             answer = await self.release_kernel(h.id)
             self.released[h.id] = h.last_activity
             entry = {"kernel_id": h.id, "label": h.label(), "why": reasons[h.id], "time": now,
-                     "idle_s": h.idle_at(now, now), **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
+                     "idle_s": h.idle_at(now, now), "action": self.action,
+                     **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
             done.append(entry)
+            what = "of cached GPU memory in" if self.action == "release" else "of GPU memory by suspending"
             if answer.get("status") == "ok":
-                self._log("info", "gpuctx: released %s of cached GPU memory in %s (kernel %s, idle %s s): %s",
-                          gib(answer.get("released_total")), h.label(), h.id, int(entry["idle_s"] or 0), reasons[h.id])
+                self._log("info", "gpuctx: released %s %s %s (kernel %s, idle %s s): %s",
+                          gib(answer.get("released_total")), what, h.label(), h.id, int(entry["idle_s"] or 0),
+                          reasons[h.id])
             else:
-                self._log("warning", "gpuctx: could not release the cache of %s (kernel %s): %s", h.label(), h.id,
+                self._log("warning", "gpuctx: could not %s %s (kernel %s): %s",
+                          "release the cache of" if self.action == "release" else "suspend", h.label(), h.id,
                           answer.get("reason"))
         live = {h.id for h in holders}
         for gone in [k for k in self.released if k not in live]:

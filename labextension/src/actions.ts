@@ -20,10 +20,35 @@ export interface IKernelActionSpec {
   /** Variables or a running cell may be lost: the dialog's button is a warning one. */
   destructive: boolean;
   /**
-   * On a GPU card's process rows, only for kernels that hold cached GPU memory or are idle
-   * holders (the notebook section always offers it).
+   * Only for kernels that hold cached GPU memory or are idle holders (a process row's
+   * `canRelease`; the notebook section's model.notebookActions), and never while suspended.
    */
   onlyForHolders: boolean;
+  /** Offered only where the kernel can be suspended (the server can, it is idle and holds GPU
+   * memory), or only where it is suspended. */
+  offer?: 'suspendable' | 'suspended';
+}
+
+/** What decides which rows of the table a kernel's buttons show. */
+export interface IOfferContext {
+  /** Whether "Release cache" applies (see `onlyForHolders`); null: not known, offered. */
+  holder: boolean | null;
+  suspendable: boolean;
+  suspended: boolean;
+}
+
+/** Whether a row of the table is offered: a suspended kernel holds nothing on a GPU to release. */
+export function offered(spec: IKernelActionSpec, ctx: IOfferContext): boolean {
+  if (spec.offer === 'suspendable') {
+    return ctx.suspendable && !ctx.suspended;
+  }
+  if (spec.offer === 'suspended') {
+    return ctx.suspended;
+  }
+  if (spec.onlyForHolders && ctx.suspended) {
+    return false;
+  }
+  return ctx.holder === null || !spec.onlyForHolders || ctx.holder;
 }
 
 /** In the order the buttons appear: the least harmful first. */
@@ -47,6 +72,29 @@ export const KERNEL_ACTIONS: readonly IKernelActionSpec[] = [
     api: 'release',
     destructive: false,
     onlyForHolders: true
+  },
+  {
+    action: 'suspend',
+    verb: 'Suspend',
+    phrase: 'Suspend the GPU of',
+    title: 'Suspend the GPU of this notebook?',
+    warning:
+      "Moves this notebook's GPU memory into host memory; its variables stay, and it resumes on its next cell.",
+    api: 'suspend',
+    destructive: false,
+    onlyForHolders: false,
+    offer: 'suspendable'
+  },
+  {
+    action: 'resume',
+    verb: 'Resume',
+    phrase: 'Resume the GPU of',
+    title: 'Resume now?',
+    warning: "Brings this notebook's GPU memory back now, rather than on its next cell.",
+    api: 'resume',
+    destructive: false,
+    onlyForHolders: false,
+    offer: 'suspended'
   },
   {
     action: 'restart',

@@ -32,7 +32,16 @@ import {
 } from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
 import { GpuStream, StreamState } from './stream';
-import { IHistoryMessage, IKernelRef, IKernelView, IReleaseResult, ISnapshot, KernelAction } from './types';
+import {
+  IHistoryMessage,
+  IKernelRef,
+  IKernelView,
+  IReleaseResult,
+  IResumeResult,
+  ISnapshot,
+  ISuspended,
+  KernelAction
+} from './types';
 
 /** The notebook in the main area's active tab, and its kernel. */
 export interface INotebookRef {
@@ -117,6 +126,22 @@ export interface IControllerOptions {
 /** The kernel's view is asked over its control channel: not more often than this (ms). */
 export const KERNEL_VIEW_PERIOD = 5000;
 export const KERNEL_VIEW_MAX_BACKOFF = 30000;
+
+/** What Suspend or Resume did, in words. */
+export function suspendNotice(action: 'suspend' | 'resume', result: unknown, label: string): INotice {
+  const seconds = (result as { seconds?: number } | null)?.seconds;
+  const took = typeof seconds === 'number' ? ` in ${seconds.toFixed(1)} s` : '';
+  if (action === 'resume') {
+    return { message: `Resumed ${label}${took}: its GPU memory is back.`, type: 'success', sticky: false };
+  }
+  const moved = (result as ISuspended | null)?.moved_total;
+  const what = typeof moved === 'number' ? `${formatBytes(moved)} of GPU memory` : 'its GPU memory';
+  return {
+    message: `Suspended ${label}: ${what} moved to host memory${took}; its variables stay, and it resumes on its next cell.`,
+    type: 'success',
+    sticky: false
+  };
+}
 
 /** What "Release cache" gave back, in words: "Released 60.0 GiB from train.ipynb". */
 export function releaseNotice(result: IReleaseResult | null | undefined, label: string): INotice {
@@ -355,6 +380,9 @@ export class GpuController {
     }
     if (done && request.action === 'release') {
       this._notify(releaseNotice(answer as IReleaseResult, request.label));
+    }
+    if (done && (request.action === 'suspend' || request.action === 'resume')) {
+      this._notify(suspendNotice(request.action, answer as ISuspended | IResumeResult, request.label));
     }
     if (done && request.action === 'shutdown') {
       // Gone for sure: not one more request (its 404 would land in the browser's console).

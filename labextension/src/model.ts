@@ -3,6 +3,7 @@
  * every rule here (naming processes, which GPU a notebook uses, the memory warning, the replay
  * mark) is tested without a browser.
  */
+import { KERNEL_ACTIONS, offered } from './actions';
 import {
   basename,
   formatBytes,
@@ -29,6 +30,7 @@ import {
   IPoolStandby,
   IPoolStatus,
   ISnapshot,
+  ISuspended,
   KernelAction
 } from './types';
 
@@ -149,6 +151,8 @@ export interface IProcessView {
   cullText: string | null;
   /** Worth a "Release cache" button: it holds cached memory, or is an idle holder. */
   canRelease: boolean;
+  /** Worth a "Suspend" button: the server can suspend kernels, and this one is not busy. */
+  canSuspend: boolean;
   /** On a GPU with a recent out-of-memory error: the kernel that failed, or a holder there. */
   oom: 'failing' | 'holder' | null;
 }
@@ -162,6 +166,16 @@ export interface IOomView {
   text: string;
   /** "torch asked for 2.00 GiB. Held here, largest first: a.ipynb 60.0 GiB (idle holder, idle 2 h 01 min), …". */
   detail: string;
+}
+
+/** A kernel suspended from a GPU, in words. */
+export interface ISuspendedView {
+  kernelId: string;
+  /** "train.ipynb". */
+  label: string;
+  /** "suspended: 60.0 GiB in host memory since 14:02". */
+  text: string;
+  description: string;
 }
 
 export interface IDeviceView {
@@ -199,6 +213,8 @@ export interface IDeviceView {
   idleHeldText: string | null;
   /** The last out-of-memory error here (within the server's 5 minutes), or null. */
   oom: IOomView | null;
+  /** The kernels suspended from this GPU (not among `processes`: NVML no longer lists them). */
+  suspended: ISuspendedView[];
 }
 
 export interface IReplayView {
@@ -288,6 +304,36 @@ export interface IProcessContext {
   oomKernel?: string | null;
   /** Host usage per kernel id (the snapshot's `host.kernels`). */
   usage?: Record<string, IKernelUsage>;
+  /** The server can suspend kernels (its snapshot's `suspend.available`). */
+  suspend?: boolean;
+}
+
+/** How a suspended notebook is named everywhere: "suspended: 60.0 GiB in host memory since 14:02". */
+export function suspendedText(bytes: number | null | undefined, since: number | null | undefined): string {
+  const when = num(since) !== null ? ` since ${formatClock(since! * 1000, false)}` : '';
+  return `suspended: ${formatBytes(bytes)} in host memory${when}`;
+}
+
+/**
+ * Whether the notebook section offers Suspend (the server can, the kernel is idle and holds GPU
+ * memory) or Resume (the server lists it as suspended, or the kernel says it is).
+ */
+export function notebookOffer(
+  snapshot: ISnapshot | null,
+  view: IKernelView | null,
+  kernelId: string,
+  status: string | null
+): { suspendable: boolean; suspended: boolean } {
+  const state = view?.suspend?.state;
+  const suspended = !!suspendedKernel(snapshot, kernelId) || state === 'suspended' || state === 'suspending';
+  const holds = (snapshot?.devices ?? []).some(d => (d.processes ?? []).some(p => p.kernel?.id === kernelId));
+  return { suspendable: !!snapshot?.suspend?.available && status === 'idle' && holds, suspended };
+}
+
+/** The server's entry for a suspended kernel, or null when it is not suspended. */
+export function suspendedKernel(snapshot: ISnapshot | null | undefined, kernelId: string | null): ISuspended | null {
+  const all = Array.isArray(snapshot?.suspended) ? snapshot!.suspended : [];
+  return (kernelId && all.find(s => s && s.kernel_id === kernelId)) || null;
 }
 
 export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): IProcessView {
@@ -306,6 +352,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
     cullWarning: false,
     cullText: null,
     canRelease: false,
+    canSuspend: false,
     oom: context.oomKernel !== undefined ? ('holder' as const) : null
   };
   if (p.standby) {
@@ -358,6 +405,7 @@ export function describeProcess(p: IGpuProcess, context: IProcessContext = {}): 
       cullWarning,
       cullText,
       canRelease: idleHolder || (cached !== null && cached > 0),
+      canSuspend: !!context.suspend && state !== 'busy' && state !== 'dead',
       oom: context.oomKernel === undefined ? null : context.oomKernel === kernel.id ? 'failing' : 'holder'
     };
   }
@@ -423,13 +471,14 @@ function topProcess(processes: IGpuProcess[]): IGpuProcess | null {
 export function describeDevice(
   d: IGpuDevice,
   warnAt = warnFraction(90),
-  usage?: Record<string, IKernelUsage>
+  usage?: Record<string, IKernelUsage>,
+  suspend = false
 ): IDeviceView {
   const smi = typeof d.nvml_index === 'number' ? `nvidia-smi ${d.nvml_index}` : '';
   const fraction = memoryFraction(d.memory_used, d.memory_total);
   const processes = d.processes ?? [];
   const top = topProcess(processes);
-  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null, usage } : { usage };
+  const context: IProcessContext = d.oom ? { oomKernel: d.oom.kernel_id ?? null, usage, suspend } : { usage, suspend };
   const views = (d.oom ? byMemory(processes) : processes).map(p => describeProcess(p, context));
   const idleHeld = num(d.idle_held);
   return {
@@ -460,7 +509,19 @@ export function describeDevice(
     processes: views,
     top: top ? describeProcess(top, context) : null,
     idleHeldText: idleHeld !== null && idleHeld > 0 ? formatBytes(idleHeld) : null,
-    oom: describeOom(d, views)
+    oom: describeOom(d, views),
+    suspended: (Array.isArray(d.suspended) ? d.suspended : [])
+      .filter(e => e && e.kernel && typeof e.kernel.id === 'string')
+      .map(e => {
+        const label = kernelLabel(e.kernel);
+        const text = suspendedText(e.bytes, e.since);
+        return {
+          kernelId: e.kernel.id,
+          label,
+          text,
+          description: `${label} is ${text} (from cuda:${d.ordinal}); it resumes on its next cell, or with Resume`
+        };
+      })
   };
 }
 
@@ -473,7 +534,8 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
         recorded: snapshot.replay.recorded ?? ''
       }
     : null;
-  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt, usage));
+  const suspend = !!snapshot.suspend?.available;
+  const devices = (snapshot.devices ?? []).map(d => describeDevice(d, warnAt, usage, suspend));
   let noGpu: string | null = null;
   if (!snapshot.gpu || devices.length === 0) {
     noGpu = snapshot.reason || 'The server sees no GPU.';
@@ -570,13 +632,19 @@ export function reclaimedLines(holders: IHolders | null | undefined): string[] {
   const events: [number, string][] = [];
   for (const e of (Array.isArray(holders?.released) ? holders!.released : []).filter(Boolean)) {
     const b = bytes(e);
+    if (e.action === 'suspend') {
+      const moved = b !== null ? `, moving ${formatBytes(b)} to host memory` : '';
+      events.push([num(e.time) ?? 0, `${when(e)}Suspended idle ${name(e)} (the GPU ran short)${moved}`]);
+      continue;
+    }
     const what = b !== null ? `${formatBytes(b)} of cached memory` : 'cached memory';
     events.push([num(e.time) ?? 0, `${when(e)}Released ${what} from ${name(e)}`]);
   }
   for (const e of (Array.isArray(holders?.culled) ? holders!.culled : []).filter(Boolean)) {
     const b = bytes(e);
     const freed = b !== null ? `, freeing ${formatBytes(b)}` : '';
-    events.push([num(e.time) ?? 0, `${when(e)}Shut down idle ${name(e)}${freed}`]);
+    const verb = e.action === 'suspend' ? 'Suspended' : 'Shut down';
+    events.push([num(e.time) ?? 0, `${when(e)}${verb} idle ${name(e)}${freed}`]);
   }
   return events.sort((a, b) => b[0] - a[0]).map(([, text]) => text);
 }
@@ -628,7 +696,7 @@ export function kernelGpu(snapshot: ISnapshot, kernelId: string | null, view: IK
 }
 
 /** What the status bar knows about the active notebook. */
-export type StatusState = 'waiting' | 'no-kernel' | 'no-gpu' | 'unknown' | 'none' | 'gpu';
+export type StatusState = 'waiting' | 'no-kernel' | 'no-gpu' | 'unknown' | 'none' | 'gpu' | 'suspended';
 
 export interface IStatusInput {
   snapshot: ISnapshot | null;
@@ -680,6 +748,16 @@ export function statusView(input: IStatusInput): IStatusView {
   }
   if (!snapshot.gpu || (snapshot.devices ?? []).length === 0) {
     return make('no-gpu', 'GPU –', `No GPU: ${snapshot.reason || 'the server sees none'}.`);
+  }
+  const suspended = suspendedKernel(snapshot, kernelId);
+  if (suspended) {
+    const ordinals = Object.keys(suspended.moved ?? {}).sort();
+    const text = suspendedText(suspended.moved_total, suspended.since);
+    return make(
+      'suspended',
+      `GPU${ordinals[0] ?? ''} suspended`,
+      `This notebook is ${text}; it resumes on its next cell (or with Resume in the GPU panel).`
+    );
   }
   const used = kernelGpu(snapshot, kernelId, view);
   if (!used) {
@@ -751,6 +829,17 @@ export function kernelRows(view: IKernelView | null, usage?: IKernelUsage | null
     });
   }
   rows.push(...hostRow);
+  const suspend = view.suspend;
+  if (suspend && suspend.state && suspend.state !== 'running') {
+    const moved = Object.values(suspend.moved ?? {}).reduce((a, b) => a + (num(b) ?? 0), 0);
+    const value =
+      suspend.state === 'suspended' ? `${suspendedText(moved, suspend.since)}; it resumes on its next cell` : suspend.state;
+    rows.push({
+      label: 'GPU memory',
+      value,
+      ...(suspend.error ? { detail: `The last resume failed: ${suspend.error}` } : {})
+    });
+  }
   const warmup = warmupSummary(view);
   rows.push({ label: 'Warm-up', value: warmup.summary, ...(warmup.detail ? { detail: warmup.detail } : {}) });
   if (view.pooled) {
@@ -773,7 +862,9 @@ export interface INotebookActionsInput {
 /**
  * The actions the notebook section offers, in the table's order: none for a kernel that is gone
  * or dead, or while the server does not answer; Release cache only where there is something to
- * release (the kernel's allocator holds cached memory, or the GPU API marks it an idle holder).
+ * release (the kernel's allocator holds cached memory, or the GPU API marks it an idle holder);
+ * Suspend where the server can and the kernel is idle on a GPU, Resume (and no Release) while it
+ * is suspended (notebookOffer).
  */
 export function notebookActions(input: INotebookActionsInput): KernelAction[] {
   const { kernelId, view } = input;
@@ -787,9 +878,8 @@ export function notebookActions(input: INotebookActionsInput): KernelAction[] {
   const listed = (input.snapshot?.devices ?? []).some(d =>
     (d.processes ?? []).some(p => p.kernel?.id === kernelId && describeProcess(p).canRelease)
   );
-  return (['interrupt', 'release', 'restart', 'shutdown'] as KernelAction[]).filter(
-    a => a !== 'release' || cached || listed
-  );
+  const offer = notebookOffer(input.snapshot, view, kernelId, input.kernelStatus);
+  return KERNEL_ACTIONS.filter(spec => offered(spec, { holder: cached || listed, ...offer })).map(spec => spec.action);
 }
 
 /** The warm-up state in a few words, and its detail (often long: the reason it was skipped). */

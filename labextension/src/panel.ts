@@ -15,7 +15,7 @@ import { Message } from '@lumino/messaging';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { actionSpec, actionWording, IKernelActionSpec, KERNEL_ACTIONS } from './actions';
+import { actionSpec, actionWording, IKernelActionSpec, IOfferContext, KERNEL_ACTIONS, offered } from './actions';
 import { HistoryChart } from './chart';
 import { IActionRequest, IHealth, INotebookRef } from './controller';
 import { formatPercent, formatSpan } from './format';
@@ -29,6 +29,7 @@ import {
   IPanelView,
   IProcessView,
   IReserveView,
+  ISuspendedView,
   kernelRows,
   notebookActions,
   panelView,
@@ -152,6 +153,9 @@ interface ICard {
   power: HTMLElement;
   processes: HTMLElement;
   processKey: string;
+  suspendedHeading: HTMLElement;
+  suspended: HTMLElement;
+  suspendedKey: string;
 }
 
 interface IRow {
@@ -163,11 +167,6 @@ interface IRow {
   facts: HTMLElement;
   top: HTMLElement;
   oom: HTMLElement;
-}
-
-/** Which of the table's actions a process row offers. */
-function offered(spec: IKernelActionSpec, holder: boolean): boolean {
-  return !spec.onlyForHolders || holder;
 }
 
 /** The header's state line: what a person reads, and what a screen reader is told once. */
@@ -499,9 +498,9 @@ export class GpuPanel extends Widget {
     this._notebookActions.hidden = actions.length === 0;
   }
 
-  /** A process row's buttons: "Release cache" only where the row says it holds something to release. */
-  private _actionButtons(kernelId: string, label: string, holder: boolean): HTMLButtonElement[] {
-    return this._buttons(kernelId, label, KERNEL_ACTIONS.filter(spec => offered(spec, holder)));
+  /** A process row's buttons: the rows of the table that apply to it (actions.ts, `offered`). */
+  private _actionButtons(kernelId: string, label: string, offer: IOfferContext): HTMLButtonElement[] {
+    return this._buttons(kernelId, label, KERNEL_ACTIONS.filter(spec => offered(spec, offer)));
   }
 
   private _buttons(kernelId: string, label: string, specs: readonly IKernelActionSpec[]): HTMLButtonElement[] {
@@ -564,7 +563,24 @@ export class GpuPanel extends Widget {
     );
     const procHeading = el('h4', 'jp-gpuctx-processes-heading', 'Processes');
     const processes = el('ul', 'jp-gpuctx-processes');
-    root.append(title, subtitle, error, oom, util.root, mem.root, chart.node, facts, procHeading, processes);
+    // Notebooks suspended from this GPU: NVML no longer lists them, so they have a list of their own.
+    const suspendedHeading = el('h4', 'jp-gpuctx-processes-heading', 'Suspended (in host memory)');
+    const suspended = el('ul', 'jp-gpuctx-suspended');
+    suspendedHeading.hidden = suspended.hidden = true;
+    root.append(
+      title,
+      subtitle,
+      error,
+      oom,
+      util.root,
+      mem.root,
+      chart.node,
+      facts,
+      procHeading,
+      processes,
+      suspendedHeading,
+      suspended
+    );
     return {
       root,
       title,
@@ -581,7 +597,10 @@ export class GpuPanel extends Widget {
       temperature,
       power,
       processes,
-      processKey: ''
+      processKey: '',
+      suspendedHeading,
+      suspended,
+      suspendedKey: ''
     };
   }
 
@@ -631,7 +650,9 @@ export class GpuPanel extends Widget {
     // Rebuilt only when who is listed, their order, or their buttons change.
     const key =
       `${this._down}|` +
-      d.processes.map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}:${p.executionState === 'dead'}`).join('|');
+      d.processes
+        .map(p => `${p.pid}:${p.kernelId}:${p.label}:${p.canRelease}:${p.canSuspend}:${p.executionState === 'dead'}`)
+        .join('|');
     if (key !== card.processKey) {
       card.processKey = key;
       card.processes.replaceChildren(
@@ -645,6 +666,30 @@ export class GpuPanel extends Widget {
         this._updateProcessItem(item, p);
       }
     });
+    const suspendedKey = `${this._down}|${JSON.stringify(d.suspended)}`;
+    if (suspendedKey !== card.suspendedKey) {
+      card.suspendedKey = suspendedKey;
+      card.suspendedHeading.hidden = card.suspended.hidden = d.suspended.length === 0;
+      card.suspended.replaceChildren(...d.suspended.map(s => this._suspendedItem(s)));
+    }
+  }
+
+  private _suspendedItem(s: ISuspendedView): HTMLElement {
+    const item = el('li', 'jp-gpuctx-process jp-gpuctx-suspended-item');
+    item.dataset.kernelId = s.kernelId;
+    item.title = s.description;
+    const line = el('div', 'jp-gpuctx-process-line');
+    line.append(
+      el('span', 'jp-gpuctx-process-label', s.label),
+      el('span', 'jp-gpuctx-badge jp-gpuctx-badge-suspended', s.text)
+    );
+    item.append(line);
+    if (!this._down) {
+      const actions = el('div', 'jp-gpuctx-actions');
+      actions.append(...this._actionButtons(s.kernelId, s.label, { holder: false, suspendable: false, suspended: true }));
+      item.append(actions);
+    }
+    return item;
   }
 
   private _processItem(p: IProcessView): HTMLElement {
@@ -674,7 +719,9 @@ export class GpuPanel extends Widget {
     // No actions while the server does not answer, nor for a kernel that is dead.
     if (p.kernelId && !this._down && p.executionState !== 'dead') {
       const actions = el('div', 'jp-gpuctx-actions');
-      actions.append(...this._actionButtons(p.kernelId, p.label, p.canRelease));
+      actions.append(
+        ...this._actionButtons(p.kernelId, p.label, { holder: p.canRelease, suspendable: p.canSuspend, suspended: false })
+      );
       item.appendChild(actions);
     }
     this._updateProcessItem(item, p);
@@ -761,7 +808,8 @@ export class GpuPanel extends Widget {
             .filter(Boolean)
             .join(' · ') + (d.processes.length > 1 ? ` (+${d.processes.length - 1})` : '')
         : 'no processes';
-    setText(row.top, top);
+    const away = d.suspended.length ? ` · ${d.suspended.map(x => `${x.label} ${x.text}`).join('; ')}` : '';
+    setText(row.top, top + away);
     row.top.title = t ? t.description : '';
     row.top.classList.toggle('jp-gpuctx-idle-holder', !d.error && !!t?.idleHolder);
     row.top.classList.toggle('jp-gpuctx-cull-warning', !d.error && !!t?.cullWarning);

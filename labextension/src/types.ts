@@ -86,6 +86,48 @@ export interface IGpuDevice {
   oom?: IOomEvent | null;
   /** PCIe and NVLink throughput, while a GPU dashboard is open and NVML reports them. */
   links?: ILinkRates | null;
+  /** The kernels suspended from this GPU: their memory of it is in host memory until they resume. */
+  suspended?: ISuspendedOnDevice[];
+}
+
+/** A kernel suspended from one GPU (`devices[].suspended`). */
+export interface ISuspendedOnDevice {
+  kernel: Pick<IKernelRef, 'id' | 'name' | 'paths'>;
+  /** Bytes of this GPU's memory it keeps in host memory. */
+  bytes: number;
+  /** Seconds since the epoch. */
+  since?: number | null;
+}
+
+/** A suspended kernel of this server (`suspended[]`), and the answer of POST …/suspend. */
+export interface ISuspended {
+  kernel_id: string;
+  name?: string;
+  paths?: string[];
+  since?: number | null;
+  /** Bytes moved to host memory, per CUDA ordinal ("0"). */
+  moved?: Record<string, number>;
+  moved_total?: number;
+  /** Seconds the suspend took; the driver's steps (lock, checkpoint) in seconds. */
+  seconds?: number;
+  steps?: Record<string, number>;
+  /** Who asked: "api", "culling" or "pressure". */
+  by?: string;
+}
+
+/** Whether this server can suspend kernels (the CUDA driver's checkpoint API), and why not. */
+export interface ISuspendSupport {
+  available: boolean;
+  reason?: string;
+  lock_timeout_s?: number;
+}
+
+/** POST …/resume: how long the restore took. */
+export interface IResumeResult {
+  kernel_id?: string;
+  status?: string;
+  seconds?: number;
+  steps?: Record<string, number>;
 }
 
 /** One reading of a GPU's links, bytes/s (null: not reported, or not yet: NVLink needs two reads). */
@@ -144,6 +186,8 @@ export interface IHolders {
   cull_warning_s?: number | null;
   released?: IHolderEvent[];
   culled?: IHolderEvent[];
+  /** Suspended kernels that resumed lately (by a cell, or by hand). */
+  resumed?: IHolderEvent[];
 }
 
 /**
@@ -228,6 +272,9 @@ export interface ISnapshot {
   host?: IHostUsage | null;
   /** While a dashboard asks for link throughput: how often it is read, and why there is none. */
   links_status?: { interval?: number; reason?: string | null } | null;
+  /** Suspend: offered here or not (older servers send neither of these). */
+  suspend?: ISuspendSupport | null;
+  suspended?: ISuspended[];
 }
 
 /** Columns of rows over time: "t" (seconds since the epoch), then one list per field (null: no value). */
@@ -305,10 +352,18 @@ export interface IKernelView {
   cuda_visible_devices?: string | null;
   /** Handed out by the server's warm kernel pool (started and warmed before it was asked for). */
   pooled?: boolean;
+  /** Present while the kernel is not simply running: suspending, suspended or resuming. */
+  suspend?: {
+    state: string;
+    since?: number | null;
+    moved?: Record<string, number>;
+    /** Why its last resume failed (it stays suspended, its variables safe). */
+    error?: string | null;
+  } | null;
 }
 
 /** The kernel actions of `POST /gpuctx/api/kernels/<id>/<action>` (see actions.ts for their wording). */
-export type KernelAction = 'interrupt' | 'release' | 'restart' | 'shutdown';
+export type KernelAction = 'interrupt' | 'release' | 'suspend' | 'resume' | 'restart' | 'shutdown';
 
 /** `POST /gpuctx/api/kernels/<id>/release`: what went back (HTTP 200 whatever the status). */
 export interface IReleaseResult {

@@ -12,7 +12,8 @@ import {
   INotebookRef,
   INotebookSource,
   INotice,
-  releaseNotice
+  releaseNotice,
+  suspendNotice
 } from '../src/controller';
 import { DeviceHistory } from '../src/history';
 import { DEFAULT_SETTINGS } from '../src/settings';
@@ -612,5 +613,17 @@ describe('"Release cache" and the cull warning', () => {
       'Idle GPU notebook old.ipynb will be shut down at 14:10 to free 65.0 GiB; run a cell to keep it'
     ]);
     t.controller.dispose();
+  });
+});
+
+describe('suspendNotice', () => {
+  it('says what moved and how long it took', () => {
+    expect(suspendNotice('suspend', { moved_total: 10 * 1024 ** 3, seconds: 5.83 }, 'train.ipynb').message).toBe(
+      'Suspended train.ipynb: 10.0 GiB of GPU memory moved to host memory in 5.8 s; its variables stay, and it ' +
+        'resumes on its next cell.'
+    );
+    expect(suspendNotice('resume', { seconds: 1.85 }, 'train.ipynb').message).toBe(
+      'Resumed train.ipynb in 1.9 s: its GPU memory is back.'
+    );
   });
 });

@@ -13,9 +13,12 @@ import {
   panelView,
   REPLAY_BANNER,
   reserveView,
+  reclaimedLines,
   statusView,
+  suspendedText,
   warmupSummary
 } from '../src/model';
+import { formatClock } from '../src/format';
 import { IKernelView, ISnapshot } from '../src/types';
 import { EMPTY_POOL, GIB, NO_GPU, readyPool, twoGpus } from './fixtures';
 
@@ -229,6 +232,18 @@ describe('notebookActions', () => {
     expect(notebookActions(input({ snapshot: idle }))).toContain('release');
   });
 
+  it('offers Suspend on an idle kernel that holds GPU memory where the server can, and Resume, not Release, once suspended', () => {
+    const can = twoGpus();
+    can.suspend = { available: true };
+    expect(notebookActions(input({ snapshot: can }))).toEqual(['interrupt', 'suspend', 'restart', 'shutdown']);
+    expect(notebookActions(input({ snapshot: can, kernelStatus: 'busy' }))).toEqual(['interrupt', 'restart', 'shutdown']);
+    expect(notebookActions(input({ snapshot: can, kernelId: 'k-elsewhere' }))).not.toContain('suspend');
+    expect(notebookActions(input({}))).not.toContain('suspend'); // the server cannot suspend
+    const cached = { ordinal: 0, framework: 'torch', allocated: GIB, reserved: 2 * GIB, peak: 2 * GIB };
+    const suspended = { status: 'ok', device: 0, memory: [cached], suspend: { state: 'suspended' } };
+    expect(notebookActions(input({ snapshot: can, view: suspended }))).toEqual(['interrupt', 'resume', 'restart', 'shutdown']);
+  });
+
   it('offers nothing for a kernel that is gone or dead, nor while the server does not answer', () => {
     expect(notebookActions(input({ view: { status: 'gone' } }))).toEqual([]);
     expect(notebookActions(input({ kernelStatus: 'dead' }))).toEqual([]);
@@ -404,5 +419,61 @@ describe('reserveView', () => {
       lines: [],
       tone: 'normal'
     });
+  });
+});
+
+describe('suspended notebooks', () => {
+  const since = 1_764_470_000;
+  const at = formatClock(since * 1000, false);
+
+  function suspendedSnapshot(available = true): ISnapshot {
+    const snap = twoGpus();
+    snap.suspend = { available, reason: available ? 'driver 580.159.04 (CUDA 13.0)' : 'no driver' };
+    snap.suspended = [{ kernel_id: 'k-away', name: 'python3', paths: ['x/away.ipynb'], since, moved: { '0': 60 * GIB },
+                        moved_total: 60 * GIB }];
+    snap.devices[0].suspended = [{ kernel: { id: 'k-away', name: 'python3', paths: ['x/away.ipynb'] }, bytes: 60 * GIB,
+                                   since }];
+    snap.devices[0].processes![0].kernel!.execution_state = 'idle';
+    return snap;
+  }
+
+  it('are named as such on the GPU they came from, and idle kernels can be suspended where the server can', () => {
+    const view = panelView(suspendedSnapshot());
+    expect(suspendedText(60 * GIB, since)).toBe(`suspended: 60.0 GiB in host memory since ${at}`);
+    expect(view.devices[0].suspended).toEqual([{
+      kernelId: 'k-away', label: 'away.ipynb', text: `suspended: 60.0 GiB in host memory since ${at}`,
+      description: `away.ipynb is suspended: 60.0 GiB in host memory since ${at} (from cuda:0); it resumes on its ` +
+        'next cell, or with Resume'
+    }]);
+    expect(view.devices[1].suspended).toEqual([]);
+    expect(view.devices[0].processes[0].canSuspend).toBe(true);
+    expect(panelView(suspendedSnapshot(false)).devices[0].processes[0].canSuspend).toBe(false);
+    const busy = suspendedSnapshot();
+    busy.devices[0].processes![0].kernel!.execution_state = 'busy';
+    expect(panelView(busy).devices[0].processes[0].canSuspend).toBe(false);
+  });
+
+  it('show in the status bar and in the notebook section', () => {
+    const connection = connectionView({ offline: false, staleFor: null, lastUpdate: null, hasData: true, replay: null });
+    const input: IStatusInput = { snapshot: suspendedSnapshot(), kernelId: 'k-away', kernelView: null, warnPercent: 90,
+                                  connection };
+    const status = statusView(input);
+    expect(status.state).toBe('suspended');
+    expect(status.text).toBe('GPU0 suspended');
+    expect(status.description).toContain(`This notebook is suspended: 60.0 GiB in host memory since ${at}; it resumes`);
+    const rows = kernelRows({ status: 'ok', device: 0, memory: [], warmup: { state: 'done' },
+                              suspend: { state: 'suspended', since, moved: { '0': 60 * GIB }, error: 'no room' } });
+    const row = rows.find(r => r.label === 'GPU memory')!;
+    expect(row.value).toBe(`suspended: 60.0 GiB in host memory since ${at}; it resumes on its next cell`);
+    expect(row.detail).toBe('The last resume failed: no room');
+  });
+
+  it('that culling or the pressure release suspended are told apart from those they shut down or released', () => {
+    const lines = reclaimedLines({
+      released: [{ kernel_id: 'k1', paths: ['a.ipynb'], released_total: 8 * GIB, time: 20, action: 'suspend' }],
+      culled: [{ kernel_id: 'k2', paths: ['b.ipynb'], freed: 1, bytes: 2 * GIB, time: 10, action: 'suspend' }]
+    });
+    expect(lines[0]).toMatch(/Suspended idle a\.ipynb \(the GPU ran short\), moving 8\.00 GiB to host memory$/);
+    expect(lines[1]).toMatch(/Suspended idle b\.ipynb, freeing 2\.00 GiB$/);
   });
 });

@@ -344,6 +344,55 @@ describe('GpuPanel', () => {
     expect(section.querySelectorAll('button')).toHaveLength(0);
     Widget.detach(panel);
   });
+
+  it('offers Suspend on idle kernels, lists suspended notebooks with Resume, and follows the server in the notebook section', () => {
+    const panel = mounted();
+    const snap = twoGpus();
+    snap.suspend = { available: true, reason: 'driver 580' };
+    snap.devices[0].processes![0].kernel!.execution_state = 'idle';
+    snap.devices[0].suspended = [{ kernel: { id: 'k-away', name: 'python3', paths: ['away.ipynb'] }, bytes: 60 * GIB,
+                                   since: 1_764_470_000 }];
+    snap.suspended = [{ kernel_id: 'k-away', paths: ['away.ipynb'], since: 1_764_470_000, moved: { '0': 60 * GIB },
+                        moved_total: 60 * GIB }];
+    panel.setSnapshot(snap);
+    const card = panel.node.querySelector('.jp-gpuctx-card') as HTMLElement;
+    const rowButtons = Array.from(card.querySelectorAll('.jp-gpuctx-processes .jp-gpuctx-actions button'));
+    expect(rowButtons.map(b => b.textContent)).toEqual(['Interrupt', 'Suspend', 'Restart', 'Shut down']);
+    const away = card.querySelector('.jp-gpuctx-suspended-item') as HTMLElement;
+    expect(visibleText(card)).toContain('Suspended (in host memory)');
+    expect(away.querySelector('.jp-gpuctx-badge-suspended')!.textContent).toMatch(
+      /^suspended: 60\.0 GiB in host memory since \d\d:\d\d$/
+    );
+    const buttons = Array.from(away.querySelectorAll('button')) as HTMLButtonElement[];
+    expect(buttons.map(b => b.textContent)).toEqual(['Interrupt', 'Resume', 'Restart', 'Shut down']);
+    const asked: IActionRequest[] = [];
+    panel.actionRequested.connect((_, r) => asked.push(r));
+    buttons[1].click();
+    expect(asked).toEqual([{ kernelId: 'k-away', action: 'resume', label: 'away.ipynb' }]);
+    // the notebook section: the active notebook's kernel is idle on a GPU, so Suspend applies (no
+    // Release: it holds nothing cached)
+    const section = panel.node.querySelector('.jp-gpuctx-notebook')!;
+    const info = { name: 'train.ipynb', path: 'work/train.ipynb', kernelId: 'k-123456789', kernelName: 'Python 3',
+                   kernelStatus: 'idle' };
+    panel.setNotebook(info, { status: 'ok', device: 0, memory: [], warmup: { state: 'done' } });
+    const names = () => Array.from(section.querySelectorAll('button')).map(b => b.textContent);
+    expect(names()).toEqual(['Interrupt', 'Suspend', 'Restart', 'Shut down']);
+    // suspended now: the server lists it, its process is gone from the GPU
+    snap.devices[0].processes = snap.devices[0].processes!.slice(1);
+    snap.suspended.push({ kernel_id: 'k-123456789', paths: ['work/train.ipynb'], moved: { '0': GIB }, moved_total: GIB });
+    panel.setSnapshot(snap);
+    expect(names()).toEqual(['Interrupt', 'Resume', 'Restart', 'Shut down']);
+    // a server without the API: no Suspend anywhere
+    snap.suspended = [];
+    snap.devices[0].suspended = [];
+    snap.suspend = { available: false, reason: 'no driver' };
+    snap.devices[0].processes = twoGpus().devices[0].processes;
+    snap.devices[0].processes![0].kernel!.execution_state = 'idle';
+    panel.setSnapshot(snap);
+    expect(names()).toEqual(['Interrupt', 'Restart', 'Shut down']);
+    expect(visibleText(panel.node)).not.toContain('Suspend');
+    Widget.detach(panel);
+  });
 });
 
 describe('syncKeyed', () => {

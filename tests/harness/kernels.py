@@ -163,3 +163,25 @@ async def areply_to(client, msg_id: str, timeout: float = 30, channel: str = "sh
             raise TimeoutError(f"no {channel} reply to {msg_id} within {timeout:g} s") from None
         if msg["parent_header"].get("msg_id") == msg_id:
             return msg
+
+
+async def arun(kernel, code: str, timeout: float = 60) -> Run:
+    """`run` for a kernel of an in-process server (pytest-jupyter's jp_serverapp): a client of
+    its own, the cell's output until the kernel is idle after it."""
+    client = kernel.client()
+    client.start_channels()
+    try:
+        await client.wait_for_ready(timeout=timeout)  # iopub subscribed: no output missed (a kernel just restarted)
+        msg_id = client.execute(code)
+        out = Run(reply={})
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = await client.get_iopub_msg(timeout=max(0.0, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                out.reply = (await areply_to(client, msg_id, max(1.0, deadline - time.monotonic())))["content"]
+                return out
+            out.absorb(msg)
+    finally:
+        client.stop_channels()

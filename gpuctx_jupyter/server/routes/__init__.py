@@ -1,6 +1,8 @@
 """The GPU API's routes under <base_url>/gpuctx/api/, one module per resource: `devices` (the GPUs
-and who holds them), `stream` (the same pushed over a websocket), `history` (the last hour), `kernels` (one kernel's view and
-the actions on it). Every route is authenticated and authorised by jupyter_server's own machinery."""
+and who holds them), `stream` (the same pushed over a websocket), `history` (the last hour), `kernels`
+(one kernel's view and the actions on it), `suspend` (suspend and resume of one kernel, matched
+ahead of the other actions). Every route is authenticated and authorised by jupyter_server's own
+machinery."""
 from __future__ import annotations
 
 from jupyter_server.utils import url_path_join
@@ -10,6 +12,7 @@ from .devices import DevicesHandler
 from .history import HistoryHandler
 from .kernels import KernelActionHandler, KernelHandler
 from .stream import StreamHandler
+from .suspend import SuspendHandler
 
 KERNEL = r"(?P<kernel_id>[^/]+)"
 ROUTES = [
@@ -17,6 +20,7 @@ ROUTES = [
     ("stream", StreamHandler),
     ("history", HistoryHandler),
     (rf"kernels/{KERNEL}", KernelHandler),
+    (rf"kernels/{KERNEL}/(?P<action>suspend|resume)", SuspendHandler),
     (rf"kernels/{KERNEL}/(?P<action>[^/]+)", KernelActionHandler),
 ]
 

@@ -12,6 +12,7 @@ from tornado import web
 from .. import kernel_query, release
 from ..kernel_client import kernel_pid
 from ..lifecycle import Busy, Gone
+from ..suspend import ACTIONS as SUSPEND  # routes/suspend.py's
 from .base import GpuctxHandler
 
 # action -> the kernel manager's method (release is gpuctx's own: the kernel's control channel)
@@ -44,7 +45,7 @@ class KernelActionHandler(GpuctxHandler):
     @authorized
     async def post(self, kernel_id: str, action: str):
         if action not in ACTIONS:
-            raise web.HTTPError(400, f"unknown action {action!r}: use one of {', '.join(ACTIONS)}")
+            raise web.HTTPError(400, f"unknown action {action!r}: use one of {', '.join([*ACTIONS, *SUSPEND])}")
         if not self.api.cfg.allow_actions:
             raise web.HTTPError(403, "kernel actions are turned off on this server "
                                      "(c.GpuctxServer.allow_actions = False)")

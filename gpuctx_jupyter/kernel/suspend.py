@@ -1,0 +1,386 @@
+"""Suspend and resume, the kernel's side (issue #28).
+
+The server moves an idle kernel's GPU memory into the kernel's own host memory with the CUDA
+driver's process checkpoint API, from a helper process (core/checkpoint.py). While the process is
+checkpointed its CUDA calls wait until the memory is back, and some calls the process makes itself
+crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So the kernel:
+
+- consents first (contract.SUSPEND_PREPARE_REQUEST, on the control channel, answered by
+  kernel_view with `Gate.prepare`), or refuses: while a cell runs, while the warm-up runs, while
+  it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
+  uses GPU memory another process shared with it (CUDA IPC: the driver could not restore such a
+  process);
+- from its consent on, restores itself before every shell request that may run the user's code —
+  a cell from any frontend, a widget's comm message, a completion, an inspection — in ipykernel's
+  `should_handle`, which every shell request passes (`Gate.before`); kernel_info, history,
+  shutdown and interrupt requests pass untouched, so a restart does not restore first;
+- touches no GPU library while suspended: the server's question is answered from what the kernel
+  knew before (`Gate.answer`), the release request is refused (kernel_view asks `Gate.suspended`),
+  and the process's sampler (the monitor) pauses;
+- restores itself through the waiting helper (`checkpoint serve`) it starts when it consents,
+  while CUDA still runs: the next cell pays the restore and little more, and its output says once
+  that the kernel was resumed and how long it took. A restore that fails (no room on the GPU) leaves the kernel
+  suspended, its variables safe, and the request is answered with the reason instead of run.
+
+The consent is a token: a request that arrives before the server's helper has locked the process
+cancels it (core.checkpoint.cancel), so that a suspend never begins after the kernel has started on
+a request; one that arrives during or after waits for the helper to end, then restores.
+
+The gate is the kernel state's `suspend` (kernel/state.py) while gpuctx is loaded in an ipykernel.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from ..contract import SUSPEND_STATES
+from ..core import checkpoint, inventory
+from ..core.sampler import process_sampler
+from . import kernel_view
+from .state import of as state_of
+from .oom import duration
+from .render import gib
+
+RUNNING, SUSPENDING, SUSPENDED, RESUMING = SUSPEND_STATES
+# Shell requests that never run the user's code: answered as they come, also while suspended.
+NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_request", "comm_info_request",
+                          "is_complete_request", "shutdown_request", "interrupt_request",
+                          "create_subshell_request", "delete_subshell_request", "list_subshell_request"})
+RESTORE_TIMEOUT_S = 1800.0  # a restore of a whole H200's memory takes well under a minute
+log = logging.getLogger("gpuctx")
+
+
+def shares_cuda_memory() -> bool:
+    """The kernel holds GPU memory another process shared with it through torch.multiprocessing
+    (CUDA IPC): its shared_cache keys CUDA storages by the IPC handle's bytes."""
+    reductions = sys.modules.get("torch.multiprocessing.reductions")
+    cache = getattr(reductions, "shared_cache", None)
+    try:
+        items = list(cache.items()) if cache is not None else []
+    except Exception:  # noqa: BLE001 — torch's private table changed: nothing to say
+        return False
+    for key, ref in items:
+        if isinstance(key, tuple) and key and isinstance(key[0], bytes):
+            expired = getattr(ref, "expired", None)
+            if not (callable(expired) and expired()):
+                return True
+    return False
+
+
+class Gate:
+    """The kernel's suspend state and the one way through it: see the module's docstring."""
+
+    def __init__(self, kernel, kernel_state, pid: int | None = None):
+        self.kernel, self.kernel_state = kernel, kernel_state  # kernel/state.py's KernelState
+        self.pid = pid or os.getpid()
+        self._cond = threading.Condition()
+        self.state = RUNNING
+        self.token: str | None = None
+        self.since: float | None = None
+        self.moved: dict[str, int] = {}  # "<ordinal>" -> bytes, as the server measured them
+        self.need: dict[str, int] = {}  # GPU UUID -> bytes a restore puts back there
+        self.error: str | None = None  # why the last resume failed (the kernel is still suspended)
+        self.before_report: dict | None = None  # the answer to REQUEST from before the suspend
+        self.last: dict | None = None  # the last resume: {"seconds", "steps", "by"}
+        self._busy = False  # the main shell thread is inside a request that may run user code
+        self._reads = 0  # sampler reads in flight
+        self._waiting: subprocess.Popen | None = None
+        self._note: str | None = None  # for the output of the cell that resumed the kernel
+
+    @property
+    def suspended(self) -> bool:
+        """Not running: suspending, suspended or resuming (nothing of ours may touch the GPU)."""
+        return self.state != RUNNING
+
+    def as_dict(self) -> dict:
+        with self._cond:
+            return {"state": self.state, "since": self.since, "moved": dict(self.moved), "error": self.error,
+                    "last_resume": self.last}
+
+    # -- the server's requests ---------------------------------------------------------------------
+    def prepare(self, token: str) -> dict:
+        why = self._refusal() if token else "no token given"
+        if why:
+            return {"status": "refused", "message": why}
+        report = kernel_view.report(self.kernel_state)  # still running: the figures are read as usual
+        with self._cond:
+            if self._busy:
+                return {"status": "refused", "message": "it is running a cell: suspend it once it is idle"}
+            if self.state != RUNNING:
+                return {"status": "refused", "message": f"it is {self.state} already"}
+            self.state, self.token, self.before_report, self.error = SUSPENDING, token, report, None
+            deadline = time.monotonic() + 2.0  # a sampler read under way ends within µs
+            while self._reads and time.monotonic() < deadline:
+                self._cond.wait(0.05)
+        # Started now, while CUDA still runs: a resume then needs no new process, and the kernel
+        # never starts one from a checkpointed process unless this one died meanwhile.
+        self._start_waiting_helper()
+        return {"status": "ok", "pid": self.pid, "report": report}
+
+    def _refusal(self) -> str | None:
+        if self.kernel_state.warmer.running:
+            return "its warm-up is still running on the GPU: try again once `%gpu status` says it is done"
+        workers = self.kernel_state.workers
+        if workers is not None and workers.running:
+            return ("it has data-parallel workers (%gpu workers), processes of their own that the driver would "
+                    "leave on the GPU (and NCCL across processes cannot be checkpointed): `%gpu workers stop` first")
+        if shares_cuda_memory():
+            return ("it uses GPU memory another process shared with it (CUDA IPC, e.g. a DataLoader worker's CUDA "
+                    "tensors): the driver could not restore it")
+        return None
+
+    def done(self, content: dict) -> dict:
+        with self._cond:
+            if self.state != SUSPENDING or content.get("token") != self.token:
+                return {"status": "ok", "state": self.state, "stale": True}
+            if content.get("ok"):
+                self.state = SUSPENDED
+                self.since = float(content.get("since") or time.time())
+                self.moved = {str(k): int(v) for k, v in (content.get("moved") or {}).items()}
+                self.need = {str(k): int(v) for k, v in (content.get("need") or {}).items()}
+            else:
+                self.state, self.token = RUNNING, None
+            self._cond.notify_all()
+            state = self.state
+        if state == RUNNING:
+            self.close()  # not suspended after all: its waiting helper has nothing to do
+        return {"status": "ok", "state": state}
+
+    def answer(self) -> dict | None:
+        """The reply to the server's question while not running (None: running, ask as usual)."""
+        with self._cond:
+            if self.state == RUNNING:
+                return None
+            content = dict(self.before_report or {"status": "ok", "pid": self.pid})
+        content["suspend"] = self.as_dict()
+        return content
+
+    # -- every shell request ---------------------------------------------------------------------------
+    def before(self, stream, msg: dict, idents) -> bool:
+        """Called for each shell request before its handler: restore first when suspended. False
+        (the request is answered here, not handled) when the restore failed."""
+        header = msg.get("header") or {}
+        msg_type = header.get("msg_type", "")
+        if msg_type in NO_USER_CODE:
+            return True
+        main = threading.current_thread() is threading.main_thread()
+        with self._cond:
+            if main:
+                self._busy = True
+            if self.state == RUNNING:
+                return True
+            since = self.since
+        result = self.resume(by=msg_type)
+        if result["status"] == "ok":
+            content = msg.get("content") or {}
+            if msg_type == "execute_request" and not content.get("silent") and result.get("resumed"):
+                self._note = self._note_text(result, since)
+            return True
+        if main:
+            self.after()
+        self._answer_instead(stream, msg, idents, result["message"])
+        return False
+
+    def after(self) -> None:
+        """The main shell thread is done with its request (ipykernel's post_handler_hook)."""
+        with self._cond:
+            self._busy = False
+
+    def resume(self, by: str) -> dict:
+        """Back to running from wherever the suspend got to; one at a time (others wait)."""
+        with self._cond:
+            while self.state == RESUMING:
+                self._cond.wait()
+            if self.state == RUNNING:
+                return {"status": "ok", "resumed": False, "state": RUNNING, "seconds": 0.0, "steps": {}}
+            previous, token = self.state, self.token
+            self.state = RESUMING
+        t0 = time.perf_counter()
+        try:
+            if previous == SUSPENDING and token:
+                checkpoint.cancel(self.pid, token)  # waits for a suspend under way; stops one not begun
+            outcome = self._restore()
+        except Exception as exc:  # noqa: BLE001 — the kernel must go on, suspended, and say why
+            outcome = {"ok": False, "state": "unknown", "error": f"{type(exc).__name__}: {exc}"}
+        seconds = time.perf_counter() - t0
+        steps = outcome.get("steps") or {}
+        with self._cond:
+            if outcome.get("ok"):
+                self.state, self.token, self.error = RUNNING, None, None
+                self.last = {"seconds": round(seconds, 4), "steps": steps, "by": by, "time": time.time()}
+                moved, self.moved, self.need, self.since = self.moved, {}, {}, None
+            else:
+                self.state = SUSPENDED if previous == SUSPENDED or outcome.get("state") != "running" else RUNNING
+                self.error = outcome.get("error") or "the helper gave no answer"
+            self._cond.notify_all()
+        if not outcome.get("ok"):
+            log.warning("gpuctx: could not resume this kernel (asked by %s): %s", by, self.error)
+            return {"status": "error", "message": self.error, "error_name": outcome.get("error_name"),
+                    "state": self.state}
+        return {"status": "ok", "resumed": "restore" in steps, "state": RUNNING, "seconds": round(seconds, 4),
+                "steps": steps, "moved": moved}
+
+    # -- the helper that restores ---------------------------------------------------------------------
+    def _start_waiting_helper(self) -> None:
+        if self._waiting is not None and self._waiting.poll() is None:
+            return
+        try:
+            self._waiting = subprocess.Popen(
+                checkpoint.helper_command("serve", self.pid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # an interrupt is the kernel's
+        except OSError as exc:  # a fresh helper restores instead
+            log.warning("gpuctx: could not start the resume helper: %s", exc)
+            self._waiting = None
+
+    def _restore(self) -> dict:
+        need = [word for uuid, n in self.need.items() for word in ("--need", f"{uuid}={n}")]
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None and waiting.poll() is None:
+            try:
+                waiting.stdin.write(" ".join(["resume", *need]) + "\n")
+                waiting.stdin.flush()
+                for line in waiting.stdout:  # its "ready" line first, then the outcome
+                    answer = _json(line)
+                    if "ok" in answer:
+                        waiting.wait(10)
+                        return answer
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                pass  # it died: a fresh one
+            finally:
+                if waiting.poll() is None:
+                    waiting.kill()
+        run = subprocess.run(checkpoint.helper_command("resume", self.pid, *need), capture_output=True,
+                             text=True, timeout=RESTORE_TIMEOUT_S, start_new_session=True)
+        lines = run.stdout.strip().splitlines()
+        return _json(lines[-1]) if lines else {"ok": False, "state": "unknown",
+                                                "error": f"the resume helper failed: {run.stderr.strip()[-300:]}"}
+
+    def close(self) -> None:
+        if self._waiting is not None and self._waiting.poll() is None:
+            self._waiting.kill()
+        self._waiting = None
+
+    # -- what the user sees ----------------------------------------------------------------------------
+    @staticmethod
+    def _note_text(result: dict, since: float | None) -> str:
+        moved = sum((result.get("moved") or {}).values())
+        back = f" — {gib(moved)} back on the GPU" if moved else ""
+        restore = (result.get("steps") or {}).get("restore")
+        of = f" (restore {restore:.2f} s)" if restore is not None else ""
+        held = f", suspended {duration(time.time() - since)} ago" if since else ""
+        return f"gpuctx: resumed this kernel{back} in {result['seconds']:.2f} s{of}{held}"
+
+    def print_note(self, *_args) -> None:
+        """pre_run_cell: the note goes into the output of the cell that resumed the kernel, once."""
+        note, self._note = self._note, None
+        if note:
+            print(note, flush=True)
+
+    def _answer_instead(self, stream, msg: dict, idents, why: str) -> None:
+        """The request cannot run (its code would wait for the GPU for ever): answer it with why."""
+        text = (f"gpuctx: this kernel is suspended and its GPU memory could not be brought back: {why}. Its "
+                "variables are safe in host memory meanwhile; run the cell again once that is fixed, or restart "
+                "the kernel (its variables are then lost).")
+        msg_type = (msg.get("header") or {}).get("msg_type", "")
+        kernel = self.kernel
+        try:
+            if msg_type == "execute_request":
+                error = {"ename": "GpuctxResumeError", "evalue": text, "traceback": [text]}
+                kernel.session.send(kernel.iopub_socket, "error", error, msg, ident=kernel._topic("error"))
+                kernel.session.send(stream, "execute_reply",
+                                    {"status": "error", "execution_count": kernel.execution_count, **error},
+                                    msg, ident=idents)
+            elif msg_type.endswith("_request"):
+                kernel.session.send(stream, msg_type.replace("_request", "_reply"),
+                                    {"status": "error", "ename": "GpuctxResumeError", "evalue": text, "traceback": []},
+                                    msg, ident=idents)
+        except Exception as exc:  # noqa: BLE001 — the log line below says it all the same
+            log.warning("gpuctx: could not answer a %s: %s", msg_type, exc)
+        log.warning("gpuctx: a %s was not run: %s", msg_type or "request", text)
+
+    # -- the process's sampler ---------------------------------------------------------------------------
+    def read_inventory(self) -> inventory.Inventory:
+        """The sampler's source: NVML and torch as usual while running; while suspended the sampler
+        thread waits here, so that a monitor keeps its last sample (its time stops) and nothing of
+        it calls a GPU library until the kernel is back."""
+        with self._cond:
+            while self.state != RUNNING:
+                self._cond.wait()
+            self._reads += 1
+        try:
+            return inventory.take()
+        finally:
+            with self._cond:
+                self._reads -= 1
+                self._cond.notify_all()
+
+
+def _json(line: str) -> dict:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+# -- wiring into ipykernel -------------------------------------------------------------------------------
+def install(ip, state) -> Gate | None:
+    """Put the gate into the ipykernel running `ip`, as `state.suspend` (`state`: its
+    KernelState; None in a plain IPython: nothing to suspend)."""
+    kernel = getattr(ip, "kernel", None)
+    if getattr(kernel, "control_handlers", None) is None or not callable(getattr(kernel, "should_handle", None)):
+        return None
+    if state.suspend is not None:
+        return state.suspend
+    gate = Gate(kernel, state)
+    should_handle, post_handler_hook = kernel.should_handle, getattr(kernel, "post_handler_hook", None)
+    own = {name: vars(kernel)[name] for name in ("should_handle", "post_handler_hook") if name in vars(kernel)}
+
+    def gated_should_handle(stream, msg, idents):
+        # ipykernel 7 allows an async should_handle; 6 calls it plainly
+        result = should_handle(stream, msg, idents)
+        if inspect.isawaitable(result):
+            async def later():
+                return await result and gate.before(stream, msg, idents)
+            return later()
+        return result and gate.before(stream, msg, idents)
+
+    def gated_post_handler_hook(*args, **kwargs):
+        gate.after()
+        if post_handler_hook is not None:
+            return post_handler_hook(*args, **kwargs)
+        return None
+
+    kernel.should_handle = gated_should_handle
+    kernel.post_handler_hook = gated_post_handler_hook
+    ip.events.register("pre_run_cell", gate.print_note)
+    process_sampler().set_source(gate.read_inventory)
+
+    def uninstall():
+        for name, gated in (("should_handle", gated_should_handle), ("post_handler_hook", gated_post_handler_hook)):
+            if vars(kernel).get(name) is gated:
+                if name in own:
+                    setattr(kernel, name, own[name])  # what was set on the instance before ours
+                else:
+                    delattr(kernel, name)  # back to the class's method
+        ip.events.unregister("pre_run_cell", gate.print_note)
+        process_sampler().set_source(inventory.take)
+        gate.close()
+
+    gate.uninstall = uninstall
+    state.suspend = gate
+    return gate
+
+
+def uninstall(ip) -> None:
+    st = state_of(ip)
+    gate = st.suspend if st is not None else None
+    if gate is not None:
+        gate.uninstall()
+        st.suspend = None

@@ -1,0 +1,76 @@
+"""The server's way to the CUDA driver's process checkpoint API: one helper process per action.
+
+`Checkpointer` is what the suspend logic (server/suspend.py) needs of the driver; `HelperCheckpointer`,
+its implementation, runs `python -m gpuctx_jupyter.checkpoint ACTION PID …` (core/checkpoint.py)
+as an asyncio subprocess, so that the event loop never waits on the driver and a driver fault or
+a call that never returns costs a helper, not the server. On a machine without a GPU the same
+helper loads the stand-in libcuda the tests build (GPUCTX_LIBCUDA), so the CPU suite drives this
+code unchanged. Every outcome is a value (core.checkpoint.Outcome), never an exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Protocol
+
+from ..core.checkpoint import Outcome, Support, helper_command
+
+
+class Checkpointer(Protocol):
+    async def support(self) -> Support: ...
+
+    async def state(self, pid: int) -> Outcome: ...
+
+    async def suspend(self, pid: int, lock_timeout_ms: int, token: str) -> Outcome: ...
+
+    async def resume(self, pid: int, need: dict[str, int] | None = None) -> Outcome: ...
+
+
+class HelperCheckpointer:
+    """Each call runs one helper process (~0.1 s to start and load the driver, measured on the H200)."""
+
+    def __init__(self, python: str | None = None, timeout: float = 900.0):
+        self.python, self.timeout = python, timeout
+
+    async def _run(self, action: str, pid: int, *extra: str, timeout: float | None = None) -> tuple[dict, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *helper_command(action, pid, *extra, python=self.python),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            start_new_session=True)  # a signal to the server's process group is not the helper's
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout or self.timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return {}, f"the checkpoint helper did not finish within {timeout or self.timeout:g} s"
+        lines = out.decode(errors="replace").strip().splitlines()
+        try:
+            answer = json.loads(lines[-1]) if lines else {}
+        except ValueError:
+            answer = {}
+        why = "" if answer else f"the checkpoint helper failed: {err.decode(errors='replace').strip()[-400:]}"
+        return (answer if isinstance(answer, dict) else {}), why
+
+    async def support(self) -> Support:
+        answer, why = await self._run("support", 0, timeout=60)
+        if "available" not in answer:
+            return Support(False, why or "the checkpoint helper gave no answer")
+        return Support(bool(answer["available"]), str(answer.get("reason", "")), answer.get("cuda_driver_version"),
+                       answer.get("display_driver"), tuple(answer.get("missing") or ()))
+
+    async def _outcome(self, action: str, pid: int, *extra: str, timeout: float | None = None) -> Outcome:
+        answer, why = await self._run(action, pid, *extra, timeout=timeout)
+        if "ok" not in answer:
+            return Outcome(False, "unknown", {}, why or "the checkpoint helper gave no answer")
+        return Outcome(bool(answer["ok"]), str(answer.get("state", "unknown")), dict(answer.get("steps") or {}),
+                       answer.get("error"), answer.get("error_name"), bool(answer.get("unwound")))
+
+    async def state(self, pid: int) -> Outcome:
+        return await self._outcome("state", pid, timeout=60)
+
+    async def suspend(self, pid: int, lock_timeout_ms: int, token: str) -> Outcome:
+        return await self._outcome("suspend", pid, "--lock-timeout-ms", str(int(lock_timeout_ms)), "--token", token)
+
+    async def resume(self, pid: int, need: dict[str, int] | None = None) -> Outcome:
+        extra = [word for uuid, n in (need or {}).items() for word in ("--need", f"{uuid}={int(n)}")]
+        return await self._outcome("resume", pid, *extra)
