@@ -292,6 +292,17 @@ def test_no_notebook_at_all_is_the_basic_recipe(tmp_path):
     assert [s.name for s in plan.steps][:2] == ["import alpha", "import torch"]
 
 
+def test_training_ops_without_a_notebook_are_named_as_a_notebooks_plan_names_them():
+    """A worker whose kernel has no notebook (`%gpu workers` in a bare kernel) warms the basic
+    recipe plus the training steps; its optimizer step says what it runs, as in a notebook's plan."""
+    from gpuctx_jupyter.kernel.worker_side import TRAINING_OPS
+
+    plan = npl.derive(None, extra_ops=TRAINING_OPS, environ={})
+    by_op = {s.op: s for s in plan.steps}
+    assert plan.recipe == "basic" and ops(plan)[-2:] == ["backward", "optimizer"]
+    assert by_op["optimizer"].name == "optimizer step (AdamW and SGD with momentum)"
+
+
 def test_a_notebook_without_a_gpu_framework_warms_its_imports_only(tmp_path, site):
     site("alpha")
     notebook(tmp_path / "nb.ipynb", "import alpha\nprint('hi')")

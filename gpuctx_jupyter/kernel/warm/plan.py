@@ -453,9 +453,20 @@ def _ordered(ops) -> list[str]:
     return [op for op in _OP_ORDER if op in ops]
 
 
+# The optimizers a warmed optimizer step runs (recipes/torch.train_step), as the plan names them.
+OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD with momentum"}
+
+
+def optimizer_step_name(names=tuple(OPTIMIZERS)) -> str:
+    """The optimizer step's name, whichever recipe planned it: "optimizer step (AdamW and SGD with
+    momentum)", or only the optimizers the notebook uses."""
+    return "optimizer step (" + " and ".join(OPTIMIZERS[n] for n in names) + ")"
+
+
 def _torch_op(plan: Plan, op: str, where: str, code: str = "") -> None:
-    name = "compile a tiny model (inductor)" if op == "compile" else op.replace("_", " ")
-    plan.add(Step("cpu" if op in CPU_OPS else "gpu", name, where=where, code=code, op=op, framework="torch"))
+    names = {"compile": "compile a tiny model (inductor)", "optimizer": optimizer_step_name()}
+    plan.add(Step("cpu" if op in CPU_OPS else "gpu", names.get(op, op.replace("_", " ")), where=where, code=code,
+                  op=op, framework="torch"))
 
 
 def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
@@ -481,10 +492,8 @@ def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
         _torch_op(plan, op, where, code)
     if "training" in signals:
         step = next(s for s in plan.steps if s.op == "optimizer")
-        opts = [name for name in ("adamw", "sgd") if name in signals] or ["adamw", "sgd"]
-        step.names = tuple(opts)
-        step.name = "optimizer step (" + " and ".join({"adamw": "AdamW", "sgd": "SGD with momentum"}[o]
-                                                      for o in opts) + ")"
+        step.names = tuple(name for name in OPTIMIZERS if name in signals) or tuple(OPTIMIZERS)
+        step.name = optimizer_step_name(step.names)
 
 
 def _other_steps(plan: Plan, name: str, signals: dict, used=None) -> None:
