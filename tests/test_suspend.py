@@ -312,6 +312,47 @@ def test_the_oom_explanation_offers_suspend_above_shutting_down_and_names_suspen
     assert not any("shut down live.ipynb" in f for f in fixes)  # suspending it is enough
 
 
+@pytest.mark.parametrize("cached", [16 * GIB, 0])
+def test_an_idle_holders_cache_that_covers_the_shortage_is_released_rather_than_the_notebook_suspended(
+        nvml_records, clean_env, tmp_path, monkeypatch, cached):
+    """tests/test_gpu_suspend.py's situation: idle-holder.ipynb holds 8 GiB of tensors, 4 GiB are
+    free, this kernel asks for 6 GiB. `x.sum(dtype=torch.float64)` on an 8 GiB float32 tensor first
+    copies it to float64 (16 GiB) and torch keeps that cached: with the cache, releasing it covers the
+    2 GiB short and is the gentler fix, so suspending that notebook is not offered; without, suspend
+    is, above shutting it down."""
+    from dataclasses import replace as copy
+
+    from gpuctx_jupyter.core import frameworks as fws
+    from gpuctx_jupyter.core.devices import GpuProcess
+
+    monkeypatch.setattr(fws, "allocator_figures", lambda ordinal=None: [])
+    holder_pid, context, free = 999_901, 612 * 2**20, 4 * GIB
+    held = 8 * GIB + cached + context
+    procs = [(os.getpid(), 140 * GIB - free - held), (holder_pid, held)]
+    nvml_records([copy(h200(0), memory_total=140 * GIB, memory_used=140 * GIB - free,
+                       processes=tuple(GpuProcess(p, n, "compute") for p, n in procs))])
+    now = time.time()
+    idle = holders_file.Holder("kid-a", "python3", ("idle-holder.ipynb",), frozenset({holder_pid}), "idle", now - 60,
+                               60, memory=({"framework": "torch", "ordinal": 0, "allocated": 8 * GIB,
+                                            "reserved": 8 * GIB + cached},))
+    path = tmp_path / "holders.json"
+    path.write_text(holders_file.HoldersFile(1, now, (idle,), "/gpuctx/api/kernels/{id}/release",
+                                             "/gpuctx/api/kernels/{id}/suspend").to_json())
+    monkeypatch.setenv(holders_file.HOLDERS, str(path))
+    error = type("OutOfMemoryError", (RuntimeError,), {"__module__": "torch"})(
+        "CUDA out of memory. Tried to allocate 6.00 GiB. GPU 0 has a total capacity of 139.81 GiB")
+    lines = oom.explain(error, now=now).splitlines()
+    fixes = lines[lines.index("  fixes, best first:") + 1:]
+    assert not any("shut down idle-holder.ipynb" in f for f in fixes)  # a gentler fix covers it
+    if cached:
+        assert fixes[0].startswith("   1. release the cache of idle-holder.ipynb (16.0 GiB, idle 1 min; its variables "
+                                   "stay)")
+        assert not any("suspend idle-holder.ipynb" in f for f in fixes)
+    else:
+        assert fixes[0] == ("   1. suspend idle-holder.ipynb (8.60 GiB, idle 1 min; its variables stay; it resumes on "
+                            "its next cell): the GPU panel's Suspend button, or POST /gpuctx/api/kernels/kid-a/suspend")
+
+
 def test_the_hosts_room_is_the_tighter_of_memavailable_and_the_containers_limit(tmp_path):
     proc, cg = tmp_path / "proc", tmp_path / "cgroup"
     (proc / "42").mkdir(parents=True)

@@ -84,6 +84,7 @@ class Suspended:
     by: str = "api"  # api | culling | pressure
     paths: tuple[str, ...] = ()
     name: str = ""
+    cache_returned: int = 0  # bytes of allocator cache the kernel gave back to the GPU on consent
 
     @property
     def moved(self) -> dict[int, int]:
@@ -103,7 +104,7 @@ class Suspended:
                 "moved_total": self.moved_total, "nvml_before": {str(o): b for o, b in self.before.items()},
                 "nvml_after": {str(o): b for o, b in self.after.items()}, "seconds": round(self.seconds, 4),
                 "steps": self.steps, "host_rss": {"before": self.rss_before, "after": self.rss_after},
-                "by": self.by, "text": self.text()}
+                "by": self.by, "cache_returned": self.cache_returned, "text": self.text()}
 
     def holder_info(self) -> dict:
         """What the holders file says of it (contract.Holder.suspended)."""
@@ -226,7 +227,9 @@ class SuspendManager:
             raise Refused(409, "it holds no GPU memory: there is nothing to suspend")
         self._check_host(local, total)
         token = uuid.uuid4().hex
-        pid = await self._consent(kernel, token, pids)
+        pid, released = await self._consent(kernel, token, pids)
+        if released:  # its cache went back to the GPU on consent: what moves is what it holds now
+            before = held_by(await self.read_inventory(), pids) or before
         rss_before = host_memory.rss(pid)
         t0 = time.perf_counter()
         outcome = await self.checkpointer.suspend(pid, int(self.cfg.suspend_lock_timeout * 1000), token)
@@ -238,6 +241,7 @@ class SuspendManager:
         record = Suspended(kernel_id, pid, local, since, before, after, _uuids(inv, before),
                            time.perf_counter() - t0, outcome.steps, rss_before, host_memory.rss(pid), by,
                            *self._names(kernel_id, kernel))
+        record.cache_returned = released
         self.suspended[kernel_id] = record
         await self._tell(kernel, {"token": token, "ok": True, "since": since,
                                   "moved": {str(o): b for o, b in record.moved.items()}, "need": record.need})
@@ -271,7 +275,8 @@ class SuspendManager:
                                "(c.GpuctxServer.suspend_host_reserve_gib): free host memory, or suspend a notebook "
                                "that holds less")
 
-    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> int:
+    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int]:
+        """The kernel's consent: its pid, and the bytes of allocator cache it gave back first."""
         timeout = self.cfg.kernel_query_timeout
         try:
             reply = await kernel_client.request(kernel, "control", contract.SUSPEND_PREPARE_REQUEST,
@@ -292,7 +297,8 @@ class SuspendManager:
             await self._tell(kernel, {"token": token, "ok": False})
             raise Refused(409, f"the kernel reports pid {pid}, which is not among this kernel's processes "
                                f"({', '.join(map(str, sorted(pids)))}): not suspended")
-        return pid
+        released = content.get("released_cache")
+        return pid, released if isinstance(released, int) and released > 0 else 0
 
     async def _tell(self, kernel, content: dict) -> None:
         try:
