@@ -161,10 +161,11 @@ def test_kernels_that_do_not_warm_refuse_typed_cells_with_the_reason(server_fact
     assert status == 409 and "GPUCTX_WARM=0" in answer["message"], answer
 
 
-def test_many_puts_at_once_are_all_answered_and_the_latest_wins(server_factory, tmp_path):
+def test_many_puts_at_once_are_all_answered_and_are_not_user_activity(server_factory, tmp_path):
     srv = server_factory()
     kid = srv.start_kernel(path=new_notebook(tmp_path))
     settled(srv, kid)
+    activity = srv.api("GET", f"/api/kernels/{kid}")[1]["last_activity"]
     answers: list[tuple[int, dict]] = []
 
     def send(i: int) -> None:
@@ -177,6 +178,7 @@ def test_many_puts_at_once_are_all_answered_and_the_latest_wins(server_factory, 
         t.join(120)
     assert len(answers) == 30 and all(status in (200, 202) for status, _ in answers), answers
     assert all(a["status"] == "ok" for _, a in answers), answers
+    assert srv.api("GET", f"/api/kernels/{kid}")[1]["last_activity"] == activity  # gpuctx's, not the user's
     status, answer = put(srv, kid, CELLS[:2])  # and the kernel takes the next as the one before
     assert status == 202 and answer["planned"] >= 1
     ks = srv.channels(kid)
