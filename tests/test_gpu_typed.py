@@ -55,7 +55,7 @@ def test_typed_training_cells_are_warmed_on_the_device_before_they_run(tmp_path)
         for name in ("cuda init", "matmul fp32", "backward", "optimizer step (AdamW)", "import torch._dynamo"):
             assert steps[name]["state"] == "done", (name, steps.get(name))
         assert done["warmup"]["state"] == "done" and done["warmup"]["device"] == 0, done["warmup"]
-        probe = json.loads(ks.execute(PROBE).stdout)
+        probe = wait_for(lambda: (p := json.loads(ks.execute(PROBE).stdout))["warming"] == [] and p, timeout=30)
         assert probe == {"cuda": True, "dynamo": True, "warming": []}  # done, and its thread has exited
         for cell in CELLS:
             r = ks.execute(cell)
