@@ -1,7 +1,8 @@
 """Real notebooks played as a user plays them, cold against warmed by their own plan, through a real jupyter_server.
 
-    python benchmarks/notebooks.py [--notebooks mlp_adamw,cnn_sgd] [--cases cold,idle,runall,restart,cpu]
-                                   [--repeat 1] [--until SECONDS] [--idle 10] [--json benchmarks/results/notebooks.json]
+    python benchmarks/notebooks.py [--notebooks mlp_adamw,cnn_sgd] [--cases cold,idle,runall,restart,cpu,typed]
+                                   [--repeat 1] [--until SECONDS] [--idle 10] [--typed-lead 9]
+                                   [--json benchmarks/results/notebooks.json]
     python benchmarks/notebooks.py --merge a.json b.json [--json merged.json]   # runs of several, one table
 
 `--until` starts no further notebook once that many seconds have passed (a GPU machine's command
@@ -28,6 +29,14 @@ over the kernel websocket. Cases:
             first GPU cell" runs from the restart request to the first GPU cell's result
   cpu       off and on: a CPU-bound pure-Python cell sent the moment the kernel is ready, while
             the warm-up imports (does the warm-up slow a first cell that does not need it?)
+  typed     a new notebook written cell by cell (issue #25): an empty, saved notebook is opened
+            (its file stays empty: nothing is saved), then each of the notebook's code cells in
+            turn is typed at the start of a slot of --idle seconds, its cells so far are sent a
+            second later as JupyterLab sends them (PUT /gpuctx/api/kernels/<id>/cells, its 1 s
+            debounce) and the cell is run --typed-lead seconds after that (default: the rest of
+            the slot). Three plays side by side: warming off, the defaults without the cells
+            sent (what the kernel knew before: the empty file), and the defaults with them; the
+            first GPU cell's and the first training cell's times are reported.
 
 Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
 from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
@@ -58,9 +67,14 @@ from tests.harness.server import KernelSocket, Server  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 SLOW_MODULE = "gpuctx_bench_slow"  # an installed package whose import takes 2 s (cpu_imports.ipynb)
-CASES = ("cold", "idle", "runall", "restart", "cpu")
+CASES = ("cold", "idle", "runall", "restart", "cpu", "typed")
+TYPED = {"warming off": False, "no cells sent": False, "cells sent": True}  # typed plays: do they send?
+DEBOUNCE_S = 1.0  # JupyterLab sends the cells this long after typing stops (labextension/src/cells.ts)
+EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+         "nbformat": 4, "nbformat_minor": 5}
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
+TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trains
 # Run inside the kernel at the end: its warm-up record, its plan and the GPU memory NVML gives it.
 REPORT = ("import json as _j\nfrom gpuctx_jupyter.core import inventory as _inv\n"
           "_m = getattr(get_ipython(), '_gpuctx', None)\n"
@@ -199,6 +213,42 @@ def first_gpu_cell(cells: list[str]) -> int:
     return next((i for i, c in enumerate(cells) if GPU_CELL.search(c)), 0)
 
 
+def first_training_cell(cells: list[str]) -> int | None:
+    return next((i for i, c in enumerate(cells) if TRAINING_CELL.search(c)), None)
+
+
+def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float, lead: float) -> dict:
+    """A new notebook written cell by cell (the `typed` case): each cell typed at the start of its
+    slot, the cells so far sent a second later (if `send`), the cell run `lead` s after that."""
+    s = Session(srv, path)
+    try:
+        out: dict = {"ready": s.ready, "sent": []}
+        first = []
+        for i, cell in enumerate(cells):
+            typed_at = time.monotonic()
+            if send:
+                time.sleep(DEBOUNCE_S)
+                status, answer = srv.api("PUT", f"/gpuctx/api/kernels/{s.kernel}/cells", {"cells": cells[:i + 1]})
+                out["sent"].append({"status": status, "planned": (answer or {}).get("planned"),
+                                    "message": (answer or {}).get("message") or (answer or {}).get("reason")})
+            time.sleep(max(0.0, typed_at + DEBOUNCE_S + lead - time.monotonic()))
+            first.append(s.run(cell))
+        steady = [s.run(c) for c in cells]
+        out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
+                   errors=[r["error"] for r in first + steady if r["error"]])
+        gpu, train = first_gpu_cell(cells), first_training_cell(cells)
+        out["first_gpu_cell"], out["first_gpu_cell_steady"] = out["first"][gpu], out["steady"][gpu]
+        if train is not None:
+            out["first_training_cell"], out["first_training_cell_steady"] = out["first"][train], out["steady"][train]
+        rep = s.report()
+        out["memory"] = sum((rep.get("memory") or {}).values())
+        out["memory_by_gpu"] = rep.get("memory")
+        out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
+        return out
+    finally:
+        s.close()
+
+
 def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> dict:
     wait = imports_standby_ready(srv) if case in ("idle", "runall") else None
     s = Session(srv, path)
@@ -250,6 +300,10 @@ def summarize(runs: list[dict]) -> dict:
             "restart_to_gpu_cell": median([r.get("restart_to_gpu_cell") for r in runs]),
             "reserve_wait": median([r.get("reserve_wait") for r in runs]),
             "standby_wait": median([r.get("standby_wait") for r in runs]),
+            "first_gpu_cell": median([r.get("first_gpu_cell") for r in runs]),
+            "first_gpu_cell_steady": median([r.get("first_gpu_cell_steady") for r in runs]),
+            "first_training_cell": median([r.get("first_training_cell") for r in runs]),
+            "first_training_cell_steady": median([r.get("first_training_cell_steady") for r in runs]),
             "pooled": sum(1 for r in runs if r.get("pooled")),
             "errors": sorted({e for r in runs for e in r.get("errors", [])})}
 
@@ -264,7 +318,10 @@ def main() -> None:
     ap.add_argument("--notebooks", default=",".join(names), help=f"comma-separated, of: {', '.join(names)}")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of: {', '.join(CASES)}")
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--idle", type=float, default=10.0, help="seconds the user waits in the idle case")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds the user waits in the idle case, and the "
+                    "slot of each cell in the typed case")
+    ap.add_argument("--typed-lead", type=float, default=None, help="typed case: seconds from the cells being sent "
+                    "to the cell being run (default: the rest of the slot, --idle - 1)")
     ap.add_argument("--until", type=float, default=0.0, help="start no notebook after this many seconds (0: no limit)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print and write the medians over these results' runs")
     ap.add_argument("--json", default="benchmarks/results/notebooks.json")
@@ -287,6 +344,8 @@ def main() -> None:
             skipped[name] = why
         else:
             shutil.copy(os.path.join(NOTEBOOKS, f"{name}.ipynb"), root)
+            with open(os.path.join(root, f"typed_{name}.ipynb"), "w") as fh:  # the typed case's new notebook
+                json.dump(EMPTY, fh)
             todo[name] = cells
     common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
     site = slow_package(root)
@@ -297,13 +356,18 @@ def main() -> None:
     nostd = Server(root, common, env={**server_env, "GPUCTX_SERVER_IMPORT_STANDBYS": "0"}).start()
     names_of = {id(off): "warming off", id(on): "warming on", id(nostd): "no imports standby"}
     both = {"cpu": (off, on), "restart": (off, on), "runall": (off, on, nostd)}  # baselines and ours side by side
-    plan = [(case, srv) for case in cases for srv in (both.get(case) or ((off,) if case == "cold" else (on,)))]
+    plan = [(case, srv, "") for case in cases if case != "typed"
+            for srv in (both.get(case) or ((off,) if case == "cold" else (on,)))]
+    if "typed" in cases:  # the same new notebook typed with warming off, on without its cells sent, and on
+        plan += [("typed", off if variant == "warming off" else on, variant) for variant in TYPED]
+    lead = args.typed_lead if args.typed_lead is not None else max(0.0, args.idle - DEBOUNCE_S)
     startup = imports_standby_ready(on, timeout=600)  # the server has read the notebooks and imported them
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
     env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
            "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
-           "repeat": args.repeat, "idle_s": args.idle, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "repeat": args.repeat, "idle_s": args.idle, "typed_lead_s": lead,
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "imports_standby_first_ready_s": startup}
     t0 = time.monotonic()
     try:
@@ -312,11 +376,15 @@ def main() -> None:
                 if args.until and time.monotonic() - t0 > args.until:
                     print(f"--until {args.until:g} s reached: stopping before {name}, repeat {rep + 1}", file=sys.stderr)
                     break
-                for case, srv in plan:
-                    key = case if case not in both else f"{case}, {names_of[id(srv)]}"
+                for case, srv, variant in plan:
+                    key = f"typed, {variant}" if variant else case if case not in both else f"{case}, {names_of[id(srv)]}"
                     for other in (off, on, nostd):  # no server's standby starts while this one plays
                         settled(other)
-                    runs[name].setdefault(key, []).append(play(srv, f"{name}.ipynb", cells, case, args.idle))
+                    if variant:
+                        result = play_typed(srv, f"typed_{name}.ipynb", cells, TYPED[variant], args.idle, lead)
+                    else:
+                        result = play(srv, f"{name}.ipynb", cells, case, args.idle)
+                    runs[name].setdefault(key, []).append(result)
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
     finally:
@@ -364,26 +432,32 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
         counts[0] if counts else 0)
     print(f"\nnotebooks — {env['gpu']} ×{env['gpus']}, torch {env['torch']}, {env['cpus']} CPUs, "
           f"{runs_text} run(s) per case, idle {env['idle_s']:g} s; medians in ms, per cell first/steady")
-    print(f"{'notebook':<18}{'case':<20}{'ready':>7}  {'cells first/steady':<44}{'first Σ':>9}{'GPU MiB':>9}")
+    print(f"{'notebook':<18}{'case':<22}{'ready':>7}  {'cells first/steady':<44}{'first Σ':>9}{'GPU MiB':>9}")
     for name, cs in table.items():
         for case, s in cs.items():
             if case.startswith("cpu"):
                 cells = f"CPU-bound cell at once {ms(s['cpu_cell'])}/{ms(s['cpu_cell_steady'])}"
-                print(f"{name:<18}{case:<20}{ms(s['ready']):>7}  {cells:<44}")
+                print(f"{name:<18}{case:<22}{ms(s['ready']):>7}  {cells:<44}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
             mem = "–" if not s["memory"] else f"{s['memory'] / 2**20:.0f}"
-            print(f"{name:<18}{case:<20}{ms(s['ready']):>7}  {cells:<44}{ms(s['first_total']):>9}{mem:>9}")
+            print(f"{name:<18}{case:<22}{ms(s['ready']):>7}  {cells:<44}{ms(s['first_total']):>9}{mem:>9}")
+            if case.startswith("typed") and s["first_gpu_cell"] is not None:
+                train = (f"; first training cell {ms(s['first_training_cell'])} ms "
+                         f"(steady {ms(s['first_training_cell_steady'])})" if s["first_training_cell"] is not None
+                         else "")
+                print(f"{'':<40}first GPU cell {ms(s['first_gpu_cell'])} ms (steady {ms(s['first_gpu_cell_steady'])})"
+                      f"{train}")
             if case.startswith("restart"):
                 wait = "no reserve" if s["reserve_wait"] is None else f"reserve ready after {s['reserve_wait']:.1f} s"
-                print(f"{'':<38}restart → first GPU cell {ms(s['restart_to_gpu_cell'])} ms "
+                print(f"{'':<40}restart → first GPU cell {ms(s['restart_to_gpu_cell'])} ms "
                       f"(restart {ms(s['restart'])} ms; {wait}; {s['pooled']} of {s['runs']} from the reserve)")
             for err in s["errors"]:
-                print(f"{'':<38}error: {err}")
+                print(f"{'':<40}error: {err}")
     for name, why in skipped.items():
         print(f"{name:<18}skipped: {why}")
     for name, cs in runs.items():
-        last = (cs.get("idle") or cs.get("runall") or [{}])[-1]
+        last = (cs.get("idle") or cs.get("typed, cells sent") or cs.get("runall") or [{}])[-1]
         if last.get("plan"):
             print(f"\n{name}: " + "\n  ".join(last["plan"]))
             print(f"  warm-up: {(last.get('warmup') or {}).get('state')} — phases (s): " + ", ".join(

@@ -12,7 +12,9 @@
 # UNTIL_S <= 400. Streams side by side share the host's CPUs and disk: their runs are slower
 # than one stream's (seen on 2 x H200), so compare like with like.
 #
-# Cases: $CASES (default cold,idle,runall,restart). Results: $OUT (else benchmarks/results/):
+# Cases: $CASES (default cold,idle,runall,restart; `typed` plays a new notebook typed cell by cell,
+# warming off / defaults / defaults with the cells sent as JupyterLab sends them: ~40 s per play
+# of a 3-cell notebook, so ~2 min per notebook and repeat). Results: $OUT (else benchmarks/results/):
 # notebooks-<stamp>-gpu<i>.json per stream and notebooks-merged.json. Set up as scripts/gpu-check.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -151,7 +151,8 @@ def test_a_span_that_is_not_a_number_is_refused_with_what_to_ask():
     for bad in ("abc", "nan", "-5", "inf", "1e9", "1_0", "\u0663"):  # ASCII digits only, as the stream's interval
         with pytest.raises(HTTPError) as err:
             asked_seconds(bad, 3600)
-        assert err.value.status_code == 400 and "ask for one between 0 and 3600" in err.value.log_message
+        assert err.value.status_code == 400 and "ask for one between 0 and 3600" in str(err.value)
+        assert repr(bad) in str(err.value) and repr(bad) not in err.value.log_message  # an argument, not the format
 
 
 def test_link_rates_come_from_two_readings_of_the_nvlink_counters():

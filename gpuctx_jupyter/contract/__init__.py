@@ -7,7 +7,8 @@ docs/warm-plan.md) — and it asks a running kernel what it does on the GPU with
 messages. Both sides read the policy vocabulary from here, so a name or a value is spelled once.
 Standard library only: this package is imported by the server, by every kernel, and by nothing
 heavy. Its modules: `notebook` (one reader of notebooks for both sides), `holders` (the holders
-file, the release request, how a suspended notebook is named).
+file, the release request, how a suspended notebook is named), `cells` (the cells a frontend sends
+as they are typed, and their check).
 """
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ RESUME_REQUEST, RESUME_REPLY = "gpuctx_resume_request", "gpuctx_resume_reply"
 SUSPEND_MESSAGES = (SUSPEND_PREPARE_REQUEST, SUSPEND_PREPARE_REPLY, SUSPEND_DONE_REQUEST, SUSPEND_DONE_REPLY,
                     RESUME_REQUEST, RESUME_REPLY)
 SUSPEND_STATES = ("running", "suspending", "suspended", "resuming")
+# Typed cells (issue #25): the notebook's code cells as the frontend holds them, unsaved edits
+# included, for the kernel to re-plan its warm-up from: {"cells": [...]} → {"status": "ok", …} or
+# {"status": "refused", "message"}. Format and caps: contract/cells.py.
+CELLS_REQUEST, CELLS_REPLY = "gpuctx_cells_request", "gpuctx_cells_reply"
 # The function a kernel behind a gateway runs to load gpuctx and apply the plan it was sent
 # (the server names it as text: it never imports the kernel side).
 WARM_ENTRY_MODULE, WARM_ENTRY_FUNCTION = "gpuctx_jupyter.kernel.extension", "warm_from_env"

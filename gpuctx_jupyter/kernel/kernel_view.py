@@ -12,6 +12,10 @@ runs what `%gpu free` runs (release.release_memory: drop the failed cell's refer
 frameworks' cached blocks) and replies with what went back. It runs on the control thread, also
 while a cell runs: see release.py for why that is safe. User variables are never touched.
 
+`gpuctx_cells_request` → `gpuctx_cells_reply`: the notebook's code cells as the frontend holds
+them, unsaved edits included; the warm-up re-plans from them (warm/typed.py). Answered at once,
+with counts only: the warm-up does the work in its own thread, when it is its turn.
+
 Suspend (contract.SUSPEND_PREPARE_REQUEST, SUSPEND_DONE_REQUEST, RESUME_REQUEST) is answered by
 the kernel's suspend gate (suspend.py, `state.suspend`); while the kernel is suspended the GPU
 question is answered from what it knew before and the release request is refused, so that nothing
@@ -24,6 +28,8 @@ import os
 from ..contract import (
     ADOPT_REPLY,
     ADOPT_REQUEST,
+    CELLS_REPLY,
+    CELLS_REQUEST,
     POOLED,
     REPLY,
     REQUEST,
@@ -37,7 +43,7 @@ from ..contract import (
 from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
 from ..core import frameworks as fws
 from . import adoption, oom, release
-
+from .warm import typed
 
 
 def report(state) -> dict:
@@ -103,6 +109,7 @@ def register(ip, state, on_adopt=None) -> None:
     handlers[REQUEST] = answering(REPLY, gpu_question)
     handlers[RELEASE_REQUEST] = answering(RELEASE_REPLY, release_cache)
     handlers[ADOPT_REQUEST] = answering(ADOPT_REPLY, lambda content: adoption.adopt(ip, content, on_adopt))
+    handlers[CELLS_REQUEST] = answering(CELLS_REPLY, lambda content: typed.accept(state, ip, content))
     handlers[SUSPEND_PREPARE_REQUEST] = answering(SUSPEND_PREPARE_REPLY, suspend_step(
         lambda gate, content: gate.prepare(str(content.get("token") or ""))))
     handlers[SUSPEND_DONE_REQUEST] = answering(SUSPEND_DONE_REPLY, suspend_step(lambda gate, content: gate.done(content)))
@@ -112,6 +119,6 @@ def register(ip, state, on_adopt=None) -> None:
 def unregister(ip) -> None:
     handlers = getattr(getattr(ip, "kernel", None), "control_handlers", None)
     if handlers is not None:
-        for name in (REQUEST, RELEASE_REQUEST, ADOPT_REQUEST, SUSPEND_PREPARE_REQUEST, SUSPEND_DONE_REQUEST,
+        for name in (REQUEST, RELEASE_REQUEST, ADOPT_REQUEST, CELLS_REQUEST, SUSPEND_PREPARE_REQUEST, SUSPEND_DONE_REQUEST,
                      RESUME_REQUEST):
             handlers.pop(name, None)

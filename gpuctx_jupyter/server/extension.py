@@ -15,6 +15,8 @@ given what it needs through its constructor. Read this file to see how the piece
   consumers      release.PressureRelease and culling.GpuCuller, run after each holders round
   history        history.GpuHistory (the last hour for pages that connect), links.LinkReader
                  (PCIe/NVLink while a dashboard asks), usage.HostUsage (host memory and CPU)
+  typed cells    typed_cells.TypedCells: a notebook's cells as they are typed, on their way to its
+                 kernel (one message in flight per kernel, the latest waiting)
   API            gpu_api.GpuApi (the snapshot) and routes/ (REST and websocket), metrics.py
 """
 from __future__ import annotations
@@ -23,7 +25,7 @@ import importlib.util
 import weakref
 from dataclasses import dataclass
 
-from ..contract import ADOPT_REPLY, ADOPT_REQUEST, REPLY, REQUEST, SUSPEND_MESSAGES
+from ..contract import ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, REPLY, REQUEST, SUSPEND_MESSAGES
 from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
 from ..core import inventory
 from ..core.sampler import process_sampler
@@ -43,11 +45,13 @@ from .import_profile import ImportProfile
 from .pool import Pool, profile_path
 from .reserve import Reserve
 from .tasks import Background
+from .typed_cells import TypedCells
 from .usage import HostUsage
 
 # What gpuctx's control-channel requests cause: the request, its reply, and the busy/idle status
 # the kernel publishes with the request as parent. None of it is the user's activity.
-UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY, *SUSPEND_MESSAGES)
+UNTRACKED = (REQUEST, REPLY, RELEASE_REQUEST, RELEASE_REPLY, ADOPT_REQUEST, ADOPT_REPLY, CELLS_REQUEST, CELLS_REPLY,
+             *SUSPEND_MESSAGES)
 
 _servers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -123,8 +127,9 @@ def load(serverapp) -> Server:
                        action=cfg.cull_idle_gpu_kernels_action)
     holders.consumers += [pressure, culler]
 
+    typed = TypedCells(cfg.kernel_query_timeout, background)
     api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, history, suspender,
-                 reported)
+                 reported, typed)
     routes.setup(serverapp.web_app, api)
     private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
     metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)

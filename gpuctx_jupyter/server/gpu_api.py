@@ -22,7 +22,8 @@ from .config import GpuctxServer
 
 class GpuApi:
     def __init__(self, serverapp, cfg: GpuctxServer, replay=None, launcher=None, pool=None, lifecycle=None,
-                 holders=None, pressure=None, culler=None, history=None, suspend=None, reported: dict | None = None):
+                 holders=None, pressure=None, culler=None, history=None, suspend=None, reported: dict | None = None,
+                 typed=None):
         self.serverapp, self.cfg = serverapp, cfg
         self.sampler = process_sampler()
         self.replay = replay  # a trace.Replay: read from it, and label every snapshot
@@ -30,6 +31,7 @@ class GpuApi:
         self.launcher, self.pool, self.lifecycle = launcher, pool, lifecycle
         self.holders, self.pressure, self.culler, self.suspend = holders, pressure, culler, suspend
         self.history = history  # history.StreamHistory: sent to each stream client first (None: off)
+        self.typed = typed  # typed_cells.TypedCells: cells as they are typed, on their way to kernels
         # kernel id -> (local pid, own pid): the PIDs kernels report, shared with the holders round
         self.reported: dict[str, tuple[int | None, int]] = reported if reported is not None else {}
         self._message: tuple[Sample | None, str] = (None, "")

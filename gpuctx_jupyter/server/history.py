@@ -368,7 +368,7 @@ def asked_seconds(raw: str | None, keeps: float, name: str = "history") -> float
         return 0.0
     value = float(raw) if _SECONDS.fullmatch(raw.strip()) else NAN  # ASCII digits only: never 1_0 or ٣
     if not math.isfinite(value) or value < 0:
-        raise web.HTTPError(400, f"{name}={raw!r} is not a number of seconds: ask for one between 0 and {keeps:g}")
+        raise web.HTTPError(400, "%s=%r is not a number of seconds: ask for one between 0 and %g", name, raw, keeps)
     return min(value, keeps)
 
 

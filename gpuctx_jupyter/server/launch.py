@@ -151,7 +151,7 @@ class Launcher:
         base = env if env is not None else os.environ
         policy = cfg.warm_policy
         if self.gateway and policy == "auto":  # the remote kernel cannot read our notebook: decide here
-            policy = "always" if (await self.notebooks.facts(base.get(SESSION))).wants_gpu()[0] else "never"
+            policy = gateway_policy(await self.notebooks.facts(base.get(SESSION)), cfg.warm_recipe)
         settings = WarmSettings(policy=policy, recipe=cfg.warm_recipe, source=SOURCE,
                                 frameworks=list(cfg.warm_frameworks), ops=list(cfg.warm_ops),
                                 imports=list(cfg.warm_imports), opt_out=opted_out(base))
@@ -269,6 +269,16 @@ class Launcher:
         except Exception as exc:  # a remote kernel that cannot warm still works
             self.log.warning("gpuctx: could not ask kernel %s to warm up: %s: %s", kernel_id,
                              type(exc).__name__, exc)
+
+
+def gateway_policy(facts, recipe: str) -> str:
+    """The policy a kernel behind a gateway gets where the server's is `auto`: `always` for a GPU
+    notebook; `auto` for a new, empty one with the notebook recipe, which warms nothing at start
+    where the kernel cannot read the file, and what its cells use once they are typed; `never`
+    for a notebook without a GPU framework."""
+    if facts.wants_gpu()[0]:
+        return "always"
+    return "auto" if recipe == "notebook" and facts.readable and facts.new else "never"
 
 
 def _python_of(argv0: str) -> str:

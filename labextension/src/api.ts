@@ -43,6 +43,22 @@ export function kernelAction(
 }
 
 /**
+ * `PUT …/kernels/<id>/cells`: the notebook's code cells as they stand, for the kernel's warm plan
+ * (cells.ts). 202 (taken) and 200 (the kernel could not answer: `status` says why) resolve with
+ * the answer; a refusal (400, 409, 413, …) throws `ServerConnection.ResponseError`.
+ */
+export function sendCells(
+  settings: ServerConnection.ISettings,
+  kernelId: string,
+  cells: string[]
+): Promise<{ status?: string }> {
+  return request(settings, `kernels/${encodeURIComponent(kernelId)}/cells`, {
+    method: 'PUT',
+    body: JSON.stringify({ cells })
+  });
+}
+
+/**
  * The stream's websocket URL, built the way @jupyterlab/services builds a kernel's: from
  * `wsUrl`, with the token appended only where the settings say a cookie will not carry it.
  */

@@ -1,7 +1,8 @@
 /**
  * gpuctx for JupyterLab: the "GPUs" sidebar panel, the active notebook's GPU view, the GPU
  * dashboard in the main area and the status-bar item, all fed by one shared websocket to the
- * gpuctx server extension.
+ * gpuctx server extension; and every notebook's cells, as they are typed, for its kernel's warm
+ * plan (cells.ts).
  *
  * This file only wires JupyterLab's services to the parts: what the page knows and when it asks
  * lives in `GpuController` (controller.ts); what it shows, in `GpuPanel` and `GpuStatusItem`.
@@ -16,12 +17,13 @@ import {
   showErrorMessage,
   WidgetTracker
 } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
-import { fetchDevices, fetchKernelView, kernelAction, streamUrl } from './api';
+import { fetchDevices, fetchKernelView, kernelAction, sendCells, streamUrl } from './api';
+import { fromPanel, TypedCells } from './cells';
 import { GpuController } from './controller';
 import { DASHBOARD_ID, GpuDashboard } from './dashboard';
 import { DeviceHistory } from './history';
@@ -196,9 +198,25 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
+    // Every open notebook's cells as they are typed, to its kernel's warm plan.
+    const typed = new Set<TypedCells>();
+    let warmTyped = DEFAULT_SETTINGS.warmTypedCells;
+    const watchTyping = (nb: NotebookPanel) => {
+      const cells = new TypedCells(fromPanel(nb), {
+        send: (kernelId, sources) => sendCells(server, kernelId, sources),
+        enabled: warmTyped
+      });
+      typed.add(cells);
+      nb.disposed.connect(() => typed.delete(cells));
+    };
+    tracker?.forEach(watchTyping);
+    tracker?.widgetAdded.connect((_, nb) => watchTyping(nb));
+
     const apply = (settings: IGpuSettings) => {
       panel.configure(settings);
       controller.configure(settings);
+      warmTyped = settings.warmTypedCells;
+      typed.forEach(cells => (cells.enabled = warmTyped));
       renderStatus();
     };
     apply(DEFAULT_SETTINGS);

@@ -18,6 +18,8 @@ export interface IGpuSettings {
   chartMemoryScale: MemoryScale;
   /** With more GPUs than this, the panel shows one compact row per GPU instead of cards. */
   compactAbove: number;
+  /** Send the notebooks' code cells, as typed, to their kernels' warm plans (cells.ts). */
+  warmTypedCells: boolean;
 }
 
 export const DEFAULT_SETTINGS: IGpuSettings = {
@@ -26,7 +28,8 @@ export const DEFAULT_SETTINGS: IGpuSettings = {
   showStatusBar: true,
   memoryWarningPercent: 90,
   chartMemoryScale: 'total',
-  compactAbove: 4
+  compactAbove: 4,
+  warmTypedCells: true
 };
 
 function num(value: unknown, fallback: number, min: number, max: number): number {
@@ -38,12 +41,14 @@ export function readSettings(get: (key: keyof IGpuSettings) => unknown): IGpuSet
   const d = DEFAULT_SETTINGS;
   const scale = get('chartMemoryScale');
   const show = get('showStatusBar');
+  const typed = get('warmTypedCells');
   return {
     refreshRate: num(get('refreshRate'), d.refreshRate, 0.1, 3600),
     historyLength: num(get('historyLength'), d.historyLength, 10, 3600),
     showStatusBar: typeof show === 'boolean' ? show : d.showStatusBar,
     memoryWarningPercent: num(get('memoryWarningPercent'), d.memoryWarningPercent, 1, 100),
     chartMemoryScale: scale === 'peak' || scale === 'total' ? scale : d.chartMemoryScale,
-    compactAbove: Math.floor(num(get('compactAbove'), d.compactAbove, 0, 1024))
+    compactAbove: Math.floor(num(get('compactAbove'), d.compactAbove, 0, 1024)),
+    warmTypedCells: typeof typed === 'boolean' ? typed : d.warmTypedCells
   };
 }

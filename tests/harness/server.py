@@ -105,10 +105,11 @@ class Server:
                 pass
         return out
 
-    def api(self, method: str, path: str, body=None, token: str | None = "default", timeout: float = 60):
-        """One REST call; returns (status, parsed JSON or None)."""
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode())
+    def api(self, method: str, path: str, body=None, token: str | None = "default", timeout: float = 60,
+            raw: bytes | None = None):
+        """One REST call (`body` as JSON, or `raw` bytes as they are); returns (status, parsed JSON or None)."""
+        data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, method=method, data=data)
         if token:
             req.add_header("Authorization", f"token {self.token if token == 'default' else token}")
         req.add_header("Content-Type", "application/json")

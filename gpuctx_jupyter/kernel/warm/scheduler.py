@@ -4,6 +4,10 @@ The thread carries out a plan (`plan.py`): by default what the kernel's notebook
 or the fixed `basic` recipe; what each framework's GPU steps do is its recipe's (`recipes/`). Then
 it exits: its cuBLAS and cuDNN handles go back to torch's pools, so it leaves no extra GPU memory.
 
+A plan may be followed by another one while the thread runs (`replan`: the cells a frontend holds
+as they are typed, contract/cells.py): the thread takes it up after the batch of steps in hand, the
+latest one asked for winning, and its steps done before are not done again (warm/typed.py).
+
 It gives way to the user. It starts after the kernel's first kernel_info reply (readiness is not
 delayed); it starts no step while a cell runs, and no heavy step (an import, torch._dynamo)
 until the user has been idle a moment; a cell that imports while the warm-up is importing waits
@@ -111,6 +115,8 @@ class Warmer:
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
+        self._next: tuple | None = None  # (make_plan(previous), source): the plan to carry out next
+        self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
 
     @property
     def running(self) -> bool:
@@ -127,9 +133,9 @@ class Warmer:
         """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
         notebook never holds up the kernel). False when a warm-up is already running."""
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._thread is not None and self._thread.is_alive() and not self._exiting:
                 return False
-            self._pending = None
+            self._pending, self._exiting = None, False
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
                                     started=time.monotonic())
             self._under_way.clear()
@@ -162,6 +168,20 @@ class Warmer:
 
         threading.Thread(target=later, name="gpuctx-warmup-next", daemon=True).start()
 
+    def replan(self, make_plan, source: str) -> bool:
+        """Carry out `make_plan(previous plan)` next: at once when no warm-up runs (True), else once the
+        running one has finished the batch of steps in hand (False); a later call replaces a plan not
+        taken up yet. Its turns are the same: no step while a cell runs."""
+        with self._lock:
+            thread = self._thread
+            alive = thread is not None and thread.is_alive()
+            if self._pending is not None or (alive and not self._exiting):
+                self._next = (make_plan, source)
+                return False
+        if alive:
+            thread.join(2.0)  # it has taken its last plan and is ending: only its record is left to write
+        return self.start_plan(lambda: make_plan(self.plan), source=source)
+
     def schedule(self, make_plan, device: int | None = None, source: str = "", within: float = 1.0,
                  on_start=None) -> None:
         """Start soon after `answered()` (the kernel's kernel_info replies) or after `within` s,
@@ -184,6 +204,7 @@ class Warmer:
     def cancel_scheduled(self) -> None:
         """Forget a scheduled start that has not begun (unloading)."""
         with self._lock:
+            self._next = None
             if self._pending is not None:
                 self._pending = None
                 self.status = WarmState(detail="unloaded before it started")
@@ -272,6 +293,15 @@ class Warmer:
         try:
             plan = self.plan = make_plan()
             self._carry_out(plan, device)
+            while True:  # plans asked for meanwhile (typed cells): the latest, until none is left
+                with self._lock:
+                    follow, self._next = self._next, None
+                    if follow is None:
+                        self._exiting = True
+                        break
+                make_next, st.source = follow
+                plan = self.plan = make_next(self.plan)
+                self._carry_out(plan, device)
         except _SteppedAside:
             for s in self.plan.steps:
                 if s.state in ("planned", "running"):
@@ -281,6 +311,8 @@ class Warmer:
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
             log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
         finally:
+            with self._lock:  # a plan asked for after a failure or a step aside waits for the next ask
+                self._exiting, self._next = True, None
             st.phase = ""
             st.finished = time.monotonic()
             self._under_way.set()
@@ -309,6 +341,8 @@ class Warmer:
         gpu = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
         reason, decided = None, False
         for kind, batch in _batches(plan.steps):  # in the plan's order: the order the notebook needs them
+            if self._next is not None:
+                return  # a newer plan (typed cells) takes over from here: _run carries it out
             if kind == "import":
                 for step in batch:
                     if step.state == "planned":

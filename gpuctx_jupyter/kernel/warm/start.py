@@ -18,8 +18,9 @@ log = logging.getLogger("gpuctx")
 _UNHOOK = "_gpuctx_unhook_kernel_info"
 
 
-def planner(cfg: GpuWarmup, path: str | None):
-    """What the warm-up thread calls to make its plan (reading the notebook happens there)."""
+def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None):
+    """What the warm-up thread calls to make its plan (reading the notebook happens there, unless
+    the notebook's `facts` are given: cells as typed, warm/typed.py)."""
     frameworks, ops, imports = tuple(cfg.frameworks), tuple(cfg.ops), tuple(cfg.imports)
     if cfg.recipe == STANDBY_RECIPE:
         return lambda: plans.imports_only(imports, tuple(cfg.import_deny))
@@ -28,7 +29,7 @@ def planner(cfg: GpuWarmup, path: str | None):
     deny, most = tuple(cfg.import_deny), cfg.max_imports
     extra_ops = tuple(op for op in ops if op not in DEFAULT_OPS)
     return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops,
-                                extra_imports=imports, deny=deny, max_imports=most)
+                                extra_imports=imports, deny=deny, max_imports=most, facts=facts)
 
 
 def wanted(cfg: GpuWarmup, path: str | None) -> tuple[bool, str]:

@@ -45,7 +45,7 @@ class KernelActionHandler(GpuctxHandler):
     @authorized
     async def post(self, kernel_id: str, action: str):
         if action not in ACTIONS:
-            raise web.HTTPError(400, f"unknown action {action!r}: use one of {', '.join([*ACTIONS, *SUSPEND])}")
+            raise web.HTTPError(400, "unknown action %r: use one of %s", action, ", ".join([*ACTIONS, *SUSPEND]))
         if not self.api.cfg.allow_actions:
             raise web.HTTPError(403, "kernel actions are turned off on this server "
                                      "(c.GpuctxServer.allow_actions = False)")
@@ -57,14 +57,14 @@ class KernelActionHandler(GpuctxHandler):
         try:
             await actions.run(ACTIONS[action], kernel_id, wait=False)  # a restart: until the new kernel answers
         except Busy as exc:  # one action per kernel at a time: say so rather than queue or fail
-            raise web.HTTPError(409, str(exc)) from None
+            raise web.HTTPError(409, "%s", str(exc)) from None
         except Gone:
-            raise web.HTTPError(404, f"kernel {kernel_id!r} was shut down meanwhile") from None
+            raise web.HTTPError(404, "kernel %r was shut down meanwhile", kernel_id) from None
         except web.HTTPError:
             raise
         except Exception as exc:  # the kernel manager's own failure, as a JSON answer
             self.log.error("gpuctx: %s of kernel %s failed: %s: %s", action, kernel_id, type(exc).__name__, exc)
-            raise web.HTTPError(500, f"{action} failed: {type(exc).__name__}: {exc}") from None
+            raise web.HTTPError(500, "%s failed: %s: %s", action, type(exc).__name__, exc) from None
         finally:
             self.api.reported.pop(kernel_id, None)
         self.finish({"status": "ok", "kernel_id": kernel_id, "action": action})

@@ -8,7 +8,7 @@ import re
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.auth.decorator import ws_authenticated
-from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.base.handlers import JupyterHandler
 from jupyter_server.base.websocket import WebSocketMixin
 from tornado import web
 from tornado.ioloop import IOLoop
@@ -17,14 +17,14 @@ from tornado.websocket import WebSocketClosedError, WebSocketHandler
 
 from ...core.sampler import Sample
 from ..gpu_api import GpuApi
-from .base import AUTH_RESOURCE
+from .base import AUTH_RESOURCE, write_json_error
 
 _SECONDS = re.compile(r"[0-9]*\.?[0-9]+", re.ASCII)  # 1, 0.5, .5 — never 1_0, 1e3 or other digits
 
 
 class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     auth_resource = AUTH_RESOURCE
-    write_error = APIHandler.write_error  # refusals before the upgrade are JSON, like the REST API's
+    write_error = write_json_error  # refusals before the upgrade are JSON, like the REST API's
 
     def initialize(self, api: GpuApi):
         self.api = api
@@ -44,8 +44,8 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
     def _interval(self) -> dict:
         cfg, raw = self.api.cfg, self.get_argument("interval", "1.0")
         if not _SECONDS.fullmatch(raw.strip()):
-            raise web.HTTPError(400, f"interval={raw!r} is not a number of seconds: "
-                                     f"ask for one between {cfg.min_interval:g} and {cfg.max_interval:g}, e.g. 1 or 0.5")
+            raise web.HTTPError(400, "interval=%r is not a number of seconds: ask for one between %g and %g, "
+                                     "e.g. 1 or 0.5", raw, cfg.min_interval, cfg.max_interval)
         asked = float(raw)
         interval = min(max(asked, cfg.min_interval), cfg.max_interval)
         hello = {"type": "hello", "interval": interval, "requested": asked,

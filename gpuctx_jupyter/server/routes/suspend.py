@@ -25,5 +25,5 @@ class SuspendHandler(GpuctxHandler):
         try:
             answer = await suspend.run(self.api.lifecycle.actions, action, kernel_id, by="api")
         except suspend.Refused as exc:
-            raise web.HTTPError(exc.status, exc.message) from None
+            raise web.HTTPError(exc.status, "%s", exc.message) from None
         self.finish({"kernel_id": kernel_id, "action": action, **answer})

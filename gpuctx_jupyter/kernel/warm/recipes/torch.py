@@ -23,6 +23,9 @@ class TorchRecipe:
         dev = torch.device("cuda", ordinal)
         work, tensors = _work(torch, dev, {s.op for s in steps})
         cells_before = run.cells_started
+        # Blocks cached before this batch are the user's (an earlier warm-up emptied its own): a
+        # later plan (typed cells) leaves them where the user's next cell will find them.
+        users_cache = torch.cuda.is_initialized() and torch.cuda.memory_reserved(dev) > 0
         try:
             for step in steps:
                 if step.state != "planned":
@@ -48,7 +51,8 @@ class TorchRecipe:
                 run.phase(Step("gpu", "sync"), lambda: torch.cuda.synchronize(dev))
         finally:  # also when cut short: leave the allocator as a cold kernel would have it —
             tensors.clear()  # but never return blocks a cell of the user's has cached meanwhile
-            if torch.cuda.is_initialized() and not run.user_gpu and run.cells_started == cells_before:
+            if torch.cuda.is_initialized() and not run.user_gpu and run.cells_started == cells_before \
+                    and not users_cache:
                 torch.cuda.empty_cache()
 
     def cpu(self, run, steps: list[Step]) -> None:

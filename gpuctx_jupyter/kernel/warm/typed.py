@@ -1,0 +1,122 @@
+"""Warming what is being typed (issue #25): the cells a frontend holds, unsaved edits included, as
+the kernel's plan.
+
+A new notebook's file is empty until its first save, and cells added since the last save are not
+in the file either, so a plan read from disk warms nothing of them. JupyterLab sends the code cells
+as they stand (debounced, never while a cell runs) through the server, which forwards them on the
+control channel (contract.CELLS_REQUEST). Here they are checked again (`contract.cells`), read by
+the notebook reader exactly as a saved file would be (`facts_from_sources`), planned by the same
+recipe, and merged with the plan in hand: a step that is done, running, failed, planned already or
+left to the user's own GPU cell is kept as it is (never done twice); what is new is carried out
+next, in the order the cells need it, taking turns with the user's cells as every warm-up does.
+
+Refused, with one sentence, where warming is off (GPUCTX_WARM=0, policy never), fixed (the basic
+recipe), not for a notebook (a standby of the pool) or where the kernel is suspended. Nothing of
+the cells' text is logged or sent back: the reply carries counts.
+"""
+from __future__ import annotations
+
+import os
+
+from ...contract import SESSION, STANDBY_RECIPE, opted_out
+from ...contract import notebook as nbread
+from ...contract.cells import BadCells, check_cells
+from .plan import Plan, Step
+from .settings import GpuWarmup
+from .start import planner
+
+SOURCE = "typed cells"
+
+
+def accept(state, shell, content) -> dict:
+    """The reply to a typed-cells message: re-plan from the cells, or why not."""
+    try:
+        sources = check_cells(content)
+    except BadCells as exc:
+        return {"status": "refused", "message": str(exc)}
+    cfg = GpuWarmup(parent=shell)
+    why = refusal(state, cfg)
+    if why:
+        return {"status": "refused", "message": why}
+    path = os.environ.get(SESSION) or ""
+    facts = nbread.facts_from_sources(sources, path)
+    reply = {"status": "ok", "cells": len(sources), "planned": 0}
+    if cfg.policy == "auto" and not facts.wants_gpu()[0]:
+        return {**reply, "warmup": state.warmer.status.state,
+                "detail": "policy auto: these cells use no GPU framework, so nothing is warmed for them"}
+    derived = typed_plan(cfg, path, facts)
+    warmer = state.warmer
+    new = [s for s in merge(derived, warmer.plan).steps if s.state == "planned"]
+    if not new:
+        return {**reply, "warmup": warmer.status.state, "detail": "nothing new to warm for these cells"}
+    warmer.import_budget = cfg.import_budget
+    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts), previous), SOURCE)
+    return {**reply, "planned": len(new), "warmup": warmer.status.state,
+            "detail": f"{len(new)} step(s) to warm for these cells, when it is their turn"}
+
+
+def refusal(state, cfg: GpuWarmup) -> str | None:
+    """Why this kernel does not warm typed cells (None: it does)."""
+    gate = state.suspend
+    if gate is not None and gate.suspended:
+        return "this kernel is suspended: nothing of ours touches the GPU until it has resumed"
+    if opted_out():
+        return "the warm-up is off in this kernel (GPUCTX_WARM=0): typed cells are not warmed"
+    if cfg.policy == "never":
+        return ("the warm-up is off in this kernel (policy never): typed cells are not warmed "
+                "(c.GpuctxServer.warm_policy or c.GpuWarmup.policy turns it on)")
+    if cfg.recipe == STANDBY_RECIPE:
+        return "a standby of the warm pool: it warms a notebook once it is handed one"
+    if cfg.recipe != "notebook":
+        return (f"this kernel warms the fixed {cfg.recipe} recipe whatever its cells do "
+                "(c.GpuctxServer.warm_recipe = 'notebook' warms what they run)")
+    return None
+
+
+def typed_plan(cfg: GpuWarmup, path: str, facts: nbread.Facts) -> Plan:
+    """The notebook recipe's plan for the typed cells, said to come from them."""
+    plan = planner(cfg, path or None, facts=facts)()
+    if facts.readable and not facts.new:
+        plan.reading = f"{facts.code_cells} code cells as typed (unsaved edits included)"
+    return plan
+
+
+def key(step: Step) -> tuple:
+    """What makes two steps the same work: an import of the same module, the same op of the same
+    framework (on the same device), the same setting."""
+    if step.kind == "setup":
+        return ("setup", step.env or step.name)
+    if step.module and not step.op:
+        return ("import", step.module, tuple(step.names))
+    return ("work", step.framework, step.op, tuple(step.names), step.name if " on cuda:" in step.name else "")
+
+
+def _kept(step: Step) -> bool:
+    """A step of the plan in hand that the new plan takes as it is: done, running, failed, still to
+    do, or skipped when it ran — no GPU here, left to the user's own GPU cell (warming it again would
+    only cost a second set of library handles). Only an import the budget left out is tried again."""
+    return not (step.state == "skipped" and "import budget" in step.detail)
+
+
+def merge(derived: Plan, previous: Plan | None) -> Plan:
+    """`derived` with each of its steps that `previous` has (and keeps) replaced by that step
+    itself, so its state and time carry over; `previous`'s steps that `derived` lacks and that
+    ran come first, as the record of what was done."""
+    if previous is None:
+        return derived
+    old: dict[tuple, Step] = {}
+    for step in list(previous.steps):
+        old.setdefault(key(step), step)
+    taken: set[int] = set()
+    steps = []
+    for step in derived.steps:
+        mine = old.get(key(step))
+        if mine is not None and _kept(mine):
+            taken.add(id(mine))
+            steps.append(mine)
+        else:
+            steps.append(step)
+    wanted = {key(s) for s in derived.steps}
+    done = [s for s in previous.steps if id(s) not in taken and key(s) not in wanted and s.state != "planned"]
+    derived.steps = done + steps
+    return derived

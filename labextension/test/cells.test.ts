@@ -1,0 +1,268 @@
+/**
+ * TypedCells against a stand-in notebook (its cells, its kernel's id and status) and a recording
+ * sender, on injected timers: a second after typing stops, only code cells, never while a cell
+ * runs, nothing twice, nothing more to a kernel that refused, off with the setting.
+ */
+import { Signal } from '@lumino/signaling';
+import { describe, expect, it } from 'vitest';
+
+import { ITypedNotebook, TYPING_PAUSE_MS, TypedCells } from '../src/cells';
+
+class FakeTimers {
+  now = 0;
+  private _next = 1;
+  private _due = new Map<number, { at: number; fn: () => void }>();
+
+  set = (fn: () => void, ms: number): unknown => {
+    const id = this._next++;
+    this._due.set(id, { at: this.now + ms, fn });
+    return id;
+  };
+
+  clear = (handle: unknown): void => {
+    this._due.delete(handle as number);
+  };
+
+  /** Move the clock on by `ms`, running what falls due (in order). */
+  advance(ms: number): void {
+    const end = this.now + ms;
+    for (;;) {
+      const due = [...this._due.entries()].filter(([, t]) => t.at <= end).sort((a, b) => a[1].at - b[1].at)[0];
+      if (!due) {
+        break;
+      }
+      this._due.delete(due[0]);
+      this.now = due[1].at;
+      due[1].fn();
+    }
+    this.now = end;
+  }
+
+  get pending(): number {
+    return this._due.size;
+  }
+}
+
+class FakeNotebook implements ITypedNotebook {
+  cells: { type: 'code' | 'markdown' | 'raw'; source: string }[] = [];
+  kernel: string | null = 'k1';
+  status: string | null = 'idle';
+  contentChanged = new Signal<unknown, void>(this);
+  kernelChanged = new Signal<unknown, void>(this);
+  disposed = new Signal<unknown, void>(this);
+
+  kernelId(): string | null {
+    return this.kernel;
+  }
+
+  kernelStatus(): string | null {
+    return this.status;
+  }
+
+  codeSources(): string[] {
+    return this.cells.filter(c => c.type === 'code').map(c => c.source);
+  }
+
+  type(index: number, source: string, type: 'code' | 'markdown' | 'raw' = 'code'): void {
+    this.cells[index] = { type, source };
+    this.contentChanged.emit();
+  }
+
+  setStatus(status: string, kernel = this.kernel): void {
+    this.status = status;
+    this.kernel = kernel;
+    this.kernelChanged.emit();
+  }
+}
+
+type Answer = { status?: string } | Error;
+
+function setup(answers: Answer[] = [], enabled = true) {
+  const timers = new FakeTimers();
+  const nb = new FakeNotebook();
+  const sent: { kernel: string; cells: string[] }[] = [];
+  const send = (kernel: string, cells: string[]) => {
+    sent.push({ kernel, cells: [...cells] });
+    const answer = answers.shift() ?? { status: 'ok' };
+    return answer instanceof Error ? Promise.reject(answer) : Promise.resolve(answer);
+  };
+  const typed = new TypedCells(nb, { send, enabled, setTimeout: timers.set, clearTimeout: timers.clear });
+  return { timers, nb, sent, typed };
+}
+
+const settle = () => new Promise(resolve => setTimeout(resolve, 0));
+
+function refusal(status: number): Error {
+  return Object.assign(new Error(`refused (${status})`), { response: { status } });
+}
+
+describe('TypedCells', () => {
+  it('sends the code cells a second after typing stops, not at every key', async () => {
+    const t = setup();
+    t.nb.type(0, 'import torch');
+    t.timers.advance(TYPING_PAUSE_MS - 100);
+    t.nb.type(0, 'import torch\nimport torch.nn as nn');
+    t.timers.advance(TYPING_PAUSE_MS - 100);
+    expect(t.sent).toEqual([]); // still typing
+    t.timers.advance(100);
+    await settle();
+    expect(t.sent).toEqual([{ kernel: 'k1', cells: ['import torch\nimport torch.nn as nn'] }]);
+  });
+
+  it('sends only code cells, in order, and unsaved sources as they stand', async () => {
+    const t = setup();
+    t.nb.type(0, 'import torch');
+    t.nb.type(1, '# Training', 'markdown');
+    t.nb.type(2, 'raw text', 'raw');
+    t.nb.type(3, 'opt = torch.optim.AdamW(model.parameters())');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.cells)).toEqual([['import torch', 'opt = torch.optim.AdamW(model.parameters())']]);
+  });
+
+  it('sends nothing while a cell runs, and sends once the kernel is idle and a second has passed', async () => {
+    const t = setup();
+    t.nb.setStatus('busy');
+    t.nb.type(0, 'import torch');
+    t.timers.advance(5 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toEqual([]);
+    t.nb.setStatus('idle');
+    t.timers.advance(TYPING_PAUSE_MS - 1);
+    expect(t.sent).toEqual([]);
+    t.timers.advance(1);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+  });
+
+  it('a cell that starts within the second keeps the cells back until it ends', async () => {
+    const t = setup();
+    t.nb.type(0, 'x = 1');
+    t.timers.advance(TYPING_PAUSE_MS / 2);
+    t.nb.setStatus('busy');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toEqual([]);
+    t.nb.setStatus('idle');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.cells)).toEqual([['x = 1']]);
+  });
+
+  it('sends the same cells once: outputs and executions change content, not sources', async () => {
+    const t = setup();
+    t.nb.type(0, 'import torch');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    t.nb.contentChanged.emit(); // an output arrived
+    t.nb.setStatus('busy');
+    t.nb.setStatus('idle');
+    t.timers.advance(3 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+    t.nb.type(1, 'x = torch.ones(3)');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.cells)).toEqual([['import torch'], ['import torch', 'x = torch.ones(3)']]);
+  });
+
+  it('stops for a kernel that refuses, and starts again when it restarts or changes', async () => {
+    const t = setup([refusal(409)]);
+    t.nb.type(0, 'import torch');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.typed.stopped).toBe(true);
+    t.nb.type(0, 'import torch  # more');
+    t.timers.advance(3 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+    t.nb.setStatus('restarting');
+    t.nb.setStatus('idle');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(2); // the unsaved edits again: the new process read only the file
+    t.nb.setStatus('idle', 'k2');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.kernel)).toEqual(['k1', 'k1', 'k2']);
+  });
+
+  it('stops after a kernel gives no answer twice; a server that does not answer is tried again', async () => {
+    const t = setup([{ status: 'no-answer' }, { status: 'no-answer' }]);
+    for (const text of ['a = 1', 'a = 2', 'a = 3']) {
+      t.nb.type(0, text);
+      t.timers.advance(TYPING_PAUSE_MS);
+      await settle();
+    }
+    expect(t.sent).toHaveLength(2);
+    expect(t.typed.stopped).toBe(true);
+    const u = setup([new TypeError('Failed to fetch')]);
+    u.nb.type(0, 'a = 1');
+    u.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    u.nb.type(0, 'a = 2');
+    u.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(u.sent).toHaveLength(2);
+    expect(u.typed.stopped).toBe(false);
+  });
+
+  it('sends nothing with the setting off, and what waits when it is turned on', async () => {
+    const t = setup([], false);
+    t.nb.type(0, 'import torch');
+    t.timers.advance(3 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toEqual([]);
+    expect(t.timers.pending).toBe(0);
+    t.typed.enabled = true;
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+    t.typed.enabled = false;
+    t.nb.type(0, 'import torch, numpy');
+    t.timers.advance(3 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+  });
+
+  it('without a kernel it waits for one; closing the notebook ends it', async () => {
+    const t = setup();
+    t.nb.kernel = null;
+    t.nb.type(0, 'import torch');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toEqual([]);
+    t.nb.setStatus('idle', 'k9');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.kernel)).toEqual(['k9']);
+    t.nb.type(0, 'import torch, numpy');
+    t.nb.disposed.emit();
+    t.timers.advance(3 * TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(1);
+    expect(t.typed.isDisposed).toBe(true);
+    expect(t.timers.pending).toBe(0);
+  });
+
+  it('typing while the cells are on their way sends the newer ones after the answer', async () => {
+    const timers = new FakeTimers();
+    const nb = new FakeNotebook();
+    const sent: string[][] = [];
+    let answer: (value: { status: string }) => void = () => undefined;
+    const send = (_kernel: string, cells: string[]) => {
+      sent.push([...cells]);
+      return new Promise<{ status: string }>(resolve => (answer = resolve));
+    };
+    new TypedCells(nb, { send, setTimeout: timers.set, clearTimeout: timers.clear });
+    nb.type(0, 'a = 1');
+    timers.advance(TYPING_PAUSE_MS);
+    nb.type(0, 'a = 2');
+    timers.advance(TYPING_PAUSE_MS);
+    expect(sent).toEqual([['a = 1']]); // one at a time
+    answer({ status: 'ok' });
+    await settle();
+    timers.advance(TYPING_PAUSE_MS);
+    expect(sent).toEqual([['a = 1'], ['a = 2']]);
+  });
+});

@@ -1,0 +1,278 @@
+"""Warming what is being typed (issue #25) through a real jupyter_server and real kernels, no GPU:
+`PUT /gpuctx/api/kernels/<id>/cells` carries a notebook's cells as the frontend holds them, the
+kernel re-plans from them and warms what they need before they run (here the CPU side: imports,
+torch._dynamo, an optimizer step on the CPU). Bad input is refused with one line; no cell text
+reaches the server's log."""
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+
+from .harness.kernels import reply_to, run, start, stop
+from .harness.notebooks import notebook
+from .harness.waiting import wait_for
+
+MARK = "gpuctx_typed_secret_5e1f"  # in a typed cell: must never appear in a log
+CELLS = [f"import torch\nimport torch.nn as nn  # {MARK}",
+         "model = nn.Linear(8, 2)\nopt = torch.optim.AdamW(model.parameters(), lr=1e-3)",
+         "for _ in range(2):\n    loss = model(torch.randn(4, 8)).sum()\n    opt.zero_grad()\n    loss.backward()\n"
+         "    opt.step()\nprint('trained')"]
+ENDED = ("done", "skipped", "failed")
+
+
+def put(srv, kid: str, cells=None, raw: bytes | None = None, token="default"):
+    return srv.api("PUT", f"/gpuctx/api/kernels/{kid}/cells", None if raw is not None else {"cells": cells},
+                   raw=raw, token=token)
+
+
+def view(srv, kid: str) -> dict:
+    status, answer = srv.api("GET", f"/gpuctx/api/kernels/{kid}")
+    assert status == 200 and answer["status"] == "ok", answer
+    return answer
+
+
+def settled(srv, kid: str) -> dict:
+    """The kernel's view once its warm-up has ended."""
+    return wait_for(lambda: (v := view(srv, kid))["warmup"]["state"] in ENDED and v["plan"] and v, timeout=240,
+                    every=0.25)
+
+
+def steps(answer: dict) -> dict:
+    return {s["name"]: s for s in answer["plan"]["steps"]}
+
+
+def new_notebook(tmp_path, name: str = "new.ipynb") -> str:
+    notebook(tmp_path / name, [])  # as JupyterLab saves a notebook just made: no cells
+    return name
+
+
+def test_a_new_notebook_typed_cell_by_cell_gets_each_cells_needs_warmed_before_it_runs(server_factory, tmp_path):
+    srv = server_factory()
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    ks = srv.channels(kid)
+    try:
+        ks.wait_ready()
+        first = settled(srv, kid)
+        assert first["plan"]["recipe"] == "imports only"  # the file is empty: torch only, no CUDA
+
+        status, answer = put(srv, kid, CELLS[:1])  # the first cell typed
+        assert status == 202 and answer["status"] == "ok" and answer["cells"] == 1, answer
+        assert answer["planned"] >= 1  # import torch.nn, and the GPU work (skipped here: no GPU)
+        assert "torch.nn" not in json.dumps(answer) and MARK not in json.dumps(answer)  # counts only
+        assert ks.execute(CELLS[0]).reply["status"] == "ok"
+
+        status, answer = put(srv, kid, CELLS[:2])  # the second: an optimizer
+        assert status == 202 and answer["planned"] >= 1, answer
+        after = wait_for(lambda: (v := settled(srv, kid)) and "optimizer step (AdamW) on the CPU" in steps(v) and
+                         steps(v)["optimizer step (AdamW) on the CPU"]["state"] in ENDED and v, timeout=240)
+        done = steps(after)
+        assert done["optimizer step (AdamW) on the CPU"]["state"] == "done"
+        assert done["optimizer step (AdamW) on the CPU"]["where"] == "cell 2, line 2"
+        assert done["import torch._dynamo"]["state"] == "done"
+        assert after["plan"]["reading"] == "2 code cells as typed (unsaved edits included)"
+        assert after["warmup"]["source"] == "typed cells"
+        names = [s["name"] for s in after["plan"]["steps"]]
+        assert names.count("import torch") == 1 and done["import torch"]["state"] == "done"  # not again
+        # what the cell needs is there before it runs
+        assert ks.execute("import sys; print('torch._dynamo' in sys.modules)").stdout.strip() == "True"
+        assert ks.execute(CELLS[1]).reply["status"] == "ok"
+
+        status, answer = put(srv, kid, CELLS)  # the training loop: nothing it needs is new
+        assert status == 202 and answer["planned"] == 0 and answer["detail"] == "nothing new to warm for these cells"
+        assert ks.execute(CELLS[2]).stdout.strip() == "trained"
+        shown = ks.execute("%gpu status").text
+        assert "warm plan (notebook) from new.ipynb: 2 code cells as typed" in shown, shown
+        assert "optimizer step (AdamW) on the CPU" in shown
+    finally:
+        ks.close()
+    log = srv.log()
+    assert MARK not in log and "AdamW(model" not in log and "opt.step" not in log
+
+
+def test_cells_without_a_gpu_framework_warm_nothing_and_reach_only_their_kernel(server_factory, tmp_path):
+    srv = server_factory()
+    a = srv.start_kernel(path=new_notebook(tmp_path, "a.ipynb"))
+    b = srv.start_kernel(path=new_notebook(tmp_path, "b.ipynb"))
+    before_b = settled(srv, b)["plan"]
+    settled(srv, a)
+    status, answer = put(srv, a, ["import json\nprint(json.dumps({}))"])
+    assert status == 202 and answer["planned"] == 0, answer
+    assert "no GPU framework" in answer["detail"]
+    status, answer = put(srv, a, CELLS[:2])
+    assert status == 202 and answer["planned"] >= 1
+    wait_for(lambda: "reading" in (p := settled(srv, a)["plan"]) and "as typed" in p["reading"], timeout=240)
+    assert settled(srv, b)["plan"] == before_b  # the other notebook's kernel is untouched
+    # a session's id is not a kernel's: typed cells go to the kernel the URL names, or nowhere
+    session = next(s for s in srv.api("GET", "/api/sessions")[1] if s["kernel"]["id"] == b)
+    status, answer = put(srv, session["id"], CELLS[:1])
+    assert status == 404 and answer["message"].startswith("no kernel"), answer
+
+
+def test_bad_input_is_refused_with_one_line_and_no_cell_text_in_the_log(server_factory, tmp_path):
+    srv = server_factory()
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    huge = json.dumps({"cells": ["x" * (3 * 2**20)]}).encode()
+    cases = {  # what is sent -> (status, the start of the message)
+        "huge body": (dict(raw=huge), 413, "the body is"),
+        "huge text": (dict(cells=[f"# {MARK}\n" + "x" * (2**20)]), 413, "the cells hold more than 1 MiB"),
+        "too many cells": (dict(cells=[""] * 1001), 413, "1001 cells"),
+        "binary": (dict(raw=b"\xff\xfe\x00\x01" + MARK.encode()), 400, "the body is not UTF-8 text"),
+        "not JSON": (dict(raw=b'{"cells": ["' + MARK.encode()), 400, "the body is not JSON"),
+        "deep": (dict(raw=b"[" * 100_000), 400, "the body is JSON nested too deeply"),
+        "a list": (dict(raw=b'["import torch"]'), 400, "expected a JSON object"),
+        "a string": (dict(raw=json.dumps({"cells": MARK}).encode()), 400, '"cells" must be a list of strings'),
+        "numbers": (dict(cells=[MARK, 7]), 400, "cells[1] is a number"),
+        "other keys": (dict(raw=json.dumps({"cells": [], MARK: 1}).encode()), 400, 'only "cells" is accepted'),
+        "lone surrogate": (dict(raw=b'{"cells": ["\\ud800"]}'), 400, "cells[0] is not valid Unicode"),
+    }
+    for what, (kwargs, want, message) in cases.items():
+        status, answer = put(srv, kid, **kwargs)
+        assert status == want and answer["message"].startswith(message), (what, status, answer)
+        assert MARK not in answer["message"]
+    assert put(srv, kid, CELLS, token=None)[0] == 403
+    assert put(srv, kid, CELLS, token="not-the-token")[0] == 403
+    odd = "no-such-kernel%s%d%(x)s"
+    status, answer = put(srv, urllib.parse.quote(odd), CELLS)
+    assert status == 404 and answer["message"] == f"no kernel {odd!r} on this server (GET /api/kernels lists them)"
+    assert srv.api("GET", f"/gpuctx/api/kernels/{urllib.parse.quote(odd)}")[1]["message"] == answer["message"]
+    ks = srv.channels(kid)  # the kernel and the server work on
+    assert ks.execute("6 * 7").text == "42"
+    ks.close()
+    assert put(srv, kid, CELLS[:1])[0] == 202
+    log = srv.log()
+    assert MARK not in log and "Traceback" not in log and "Logging error" not in log
+    refusals = [line for line in log.splitlines() if any(f"{code} PUT /gpuctx/api/kernels/{kid}/cells (" in line
+                                                         for code in (400, 413)) and "referer=" not in line]
+    assert len(refusals) == len(cases), "\n".join(refusals)  # one line each, with its reason (and the access log's)
+    assert all(line.split("): ", 1)[1].startswith(message) for line, (_k, _s, message) in zip(refusals, cases.values()))
+
+
+def test_kernels_that_do_not_warm_refuse_typed_cells_with_the_reason(server_factory, tmp_path):
+    name = new_notebook(tmp_path)
+    never = server_factory("--GpuctxServer.warm_policy=never")
+    status, answer = put(never, never.start_kernel(path=name), CELLS)
+    assert status == 409 and "warm-up off" in answer["message"] and "warm_policy" in answer["message"], answer
+    basic = server_factory("--GpuctxServer.warm_recipe=basic", "--GpuctxServer.warm_policy=always")
+    status, answer = put(basic, basic.start_kernel(path=name), CELLS)
+    assert status == 409 and "fixed basic recipe" in answer["message"], answer
+    opted = server_factory(env={"GPUCTX_WARM": "0"})  # the user's own opt-out reaches the kernel
+    status, answer = put(opted, opted.start_kernel(path=name), CELLS)
+    assert status == 409 and "GPUCTX_WARM=0" in answer["message"], answer
+
+
+def test_many_puts_at_once_are_all_answered_and_are_not_user_activity(server_factory, tmp_path):
+    srv = server_factory()
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    settled(srv, kid)
+    activity = srv.api("GET", f"/api/kernels/{kid}")[1]["last_activity"]
+    answers: list[tuple[int, dict]] = []
+
+    def send(i: int) -> None:
+        answers.append(put(srv, kid, [f"import torch\nx{i} = {i}"]))
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(answers) == 30 and all(status in (200, 202) for status, _ in answers), answers
+    assert all(a["status"] == "ok" for _, a in answers), answers
+    assert srv.api("GET", f"/api/kernels/{kid}")[1]["last_activity"] == activity  # gpuctx's, not the user's
+    status, answer = put(srv, kid, CELLS[:2])  # and the kernel takes the next as the one before
+    assert status == 202 and answer["planned"] >= 1
+    ks = srv.channels(kid)
+    assert ks.execute("6 * 7").text == "42"
+    ks.close()
+
+
+def test_the_kernel_checks_typed_cells_itself(tmp_path):
+    """Anything that reaches the kernel's control channel gets the same check as the server's."""
+    nb = tmp_path / "new.ipynb"
+    notebook(nb, [])
+    km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "auto"}, extra_arguments=["--ext=gpuctx"],
+                   cwd=str(tmp_path))
+    try:
+        for content, message in (({"cells": [1]}, "cells[0] is a number"), ({"source": "x"}, 'missing "cells"'),
+                                 ({"cells": ["x"] * 1001}, "1001 cells")):
+            request = kc.session.msg("gpuctx_cells_request", content)
+            kc.control_channel.send(request)
+            reply = reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")
+            assert reply["msg_type"] == "gpuctx_cells_reply"
+            assert reply["content"]["status"] == "refused" and reply["content"]["message"].startswith(message)
+        assert run(kc, "6 * 7").text == "42"
+    finally:
+        stop(km, kc)
+
+
+def test_a_new_notebook_behind_a_gateway_takes_typed_cells(server_factory, kernel_gateway, tmp_path):
+    """The server decides a gateway kernel's policy (it cannot read our notebook): a new notebook's
+    kernel gets `auto`, so its typed cells are warmed, and nothing is warmed at its start."""
+    srv = server_factory(f"--GatewayClient.url={kernel_gateway}")
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    ks = srv.channels(kid)
+    try:
+        wait_for(lambda: ks.execute("print('_gpuctx' in dir(get_ipython()))").stdout.strip() == "True", timeout=60)
+        status, answer = wait_for(lambda: (r := put(srv, kid, CELLS[:2]))[0] != 200 and r, timeout=60)
+        assert status == 202 and answer["status"] == "ok" and answer["planned"] >= 1, answer
+    finally:
+        ks.close()
+
+
+def test_typed_cells_for_one_kernel_coalesce_the_latest_waits_and_every_request_is_answered(monkeypatch):
+    """The server's side alone, the kernel's answer held back: one message in flight per kernel,
+    the newest cells behind it, the ones in between never sent, every request answered."""
+    import asyncio
+    import logging
+
+    from gpuctx_jupyter.server import typed_cells
+    from gpuctx_jupyter.server.tasks import Background
+
+    sent: list[tuple[str, list[str]]] = []
+
+    async def main():
+        gate = asyncio.Event()
+
+        async def control(kernel, request, reply_type, timeout, dead, content=None):
+            sent.append((kernel, content["cells"]))
+            await gate.wait()
+            return {"status": "ok", "cells": len(content["cells"])}
+
+        monkeypatch.setattr(typed_cells.kernel_query, "control", control)
+        typed = typed_cells.TypedCells(1.0, Background(logging.getLogger("test-typed")))
+        first = asyncio.ensure_future(typed.send("k1", "kernel 1", ["a"]))
+        while not sent:
+            await asyncio.sleep(0.01)
+        later = [asyncio.ensure_future(typed.send("k1", "kernel 1", ["b"] * n)) for n in range(2, 12)]
+        other = asyncio.ensure_future(typed.send("k2", "kernel 2", ["c"]))  # another kernel: not held up
+        while len(sent) < 2:
+            await asyncio.sleep(0.01)
+        gate.set()
+        answers = await asyncio.gather(first, *later, other)
+        return answers, typed.in_flight()
+
+    answers, in_flight = asyncio.run(main())
+    assert sent == [("kernel 1", ["a"]), ("kernel 2", ["c"]), ("kernel 1", ["b"] * 11)]
+    assert [a["cells"] for a in answers] == [1] + [11] * 10 + [1]
+    assert in_flight == 0  # nothing of the cells is kept once answered
+
+
+def test_merging_keeps_what_was_done_and_its_record():
+    from gpuctx_jupyter.kernel.warm.plan import Plan, Step
+    from gpuctx_jupyter.kernel.warm.typed import merge
+
+    torch = Step("framework", "import torch", module="torch", framework="torch", state="done", seconds=3.0)
+    numpy = Step("import", "import numpy", module="numpy", state="done", seconds=0.2)
+    budget = Step("import", "import big", module="big", state="skipped", detail="the import budget (60 s) is spent")
+    gpu = Step("gpu", "matmul fp32", op="matmul_fp32", framework="torch", state="skipped", detail="no GPU is visible")
+    before = Plan(recipe="imports only", steps=[torch, numpy, budget, gpu])
+    derived = Plan(recipe="notebook", steps=[
+        Step("import", "import torch", module="torch", framework="torch"),
+        Step("import", "import big", module="big"),
+        Step("gpu", "matmul fp32", op="matmul_fp32", framework="torch"),
+        Step("cpu", "optimizer step (AdamW)", op="optimizer", framework="torch", names=("adamw",))])
+    merged = merge(derived, before)
+    assert merged.steps[0] is numpy  # done before, not asked for now: kept as the record
+    assert merged.steps[1] is torch and merged.steps[3] is gpu  # done or decided: never again
+    assert [s.state for s in merged.steps[2:]] == ["planned", "skipped", "planned"]  # the budget's: tried again
+    assert [s.name for s in merged.steps if s.state == "planned"] == ["import big", "optimizer step (AdamW)"]
