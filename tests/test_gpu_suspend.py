@@ -103,7 +103,7 @@ def test_suspend_frees_the_gpu_and_the_next_cell_resumes_on_identical_data(srv, 
     assert kernel_mib(srv, kid) >= 0.99 * held  # the tensors and context back, not the cache
     again = ks.execute(SAME)
     assert again.stdout.strip() == "same True"  # said once
-    assert srv.api("GET", "/gpuctx/api/devices")[1]["suspended"] == []
+    wait_for(lambda: srv.api("GET", "/gpuctx/api/devices")[1]["suspended"] == [], timeout=30)  # the watch's round
 
 
 def test_resume_by_hand_and_a_thread_on_the_gpu_refuses_the_lock(srv, holder):

@@ -132,8 +132,13 @@ async def test_suspend_and_resume_through_the_routes_and_where_a_suspended_noteb
     r = await arun(kernel, "print(x)")
     assert r.stdout.startswith("gpuctx: resumed this kernel — 10.0 GiB back on the GPU in ") and fake.state(pid) == 0
     assert r.stdout.splitlines()[-1] == "[0, 1, 2]"
-    assert await wait_until(lambda: kid not in gpuctx.manager.suspended, timeout=30)
+    # suspended again at once, before the watch's round has noticed the resume: asked, not refused
+    code, third = await post(jp_fetch, kid, "suspend")
+    assert code == 200 and fake.state(pid) == 2, third
     assert gpuctx.manager.resumed[-1]["by"].startswith("the notebook")
+    r = await arun(kernel, "print(x)")
+    assert r.stdout.splitlines()[-1] == "[0, 1, 2]" and fake.state(pid) == 0
+    assert await wait_until(lambda: kid not in gpuctx.manager.suspended, timeout=30)
     # by hand
     assert (await post(jp_fetch, kid, "suspend"))[0] == 200
     code, resumed = await post(jp_fetch, kid, "resume")

@@ -215,7 +215,8 @@ class SuspendManager:
 
     async def suspend(self, kernel_id: str, by: str = "api") -> dict:
         kernel, local, record = await self._target(kernel_id)
-        if record is not None and record.local_pid == local:
+        resumed = record is None or record.local_pid != local or await self._resumed_itself(kernel_id, kernel, record)
+        if not resumed:  # a cell since may have resumed it: asked, not read from the watch's last round
             raise Refused(409, f"it is {record.text()}: it resumes on its next cell, or with POST …/resume")
         if getattr(kernel, "execution_state", None) == "busy":
             raise Refused(409, "it is running a cell: suspend it once it is idle")
@@ -388,18 +389,26 @@ class SuspendManager:
             if kernel_pid(kernel) != record.local_pid:
                 self.suspended.pop(kernel_id, None)
                 continue
-            last = getattr(kernel, "last_activity", None)  # gpuctx's own messages are not activity
-            if last is None or getattr(last, "timestamp", lambda: 0.0)() <= record.since:
-                continue
-            try:
-                reply = await kernel_client.request(kernel, "control", contract.REQUEST, {},
-                                                    self.cfg.kernel_query_timeout)
-            except Exception:  # noqa: BLE001 — try again next round
-                continue
-            state = ((reply.get("content") or {}).get("suspend") or {}).get("state", "running")
-            if state == "running" and self.suspended.get(kernel_id) is record:
-                self.suspended.pop(kernel_id, None)
-                self._remember_resume(kernel_id, record, "the notebook (its next request)", None)
+            await self._resumed_itself(kernel_id, kernel, record)
+
+    async def _resumed_itself(self, kernel_id: str, kernel, record: Suspended) -> bool:
+        """Whether the kernel has restored itself for a request since its suspend (then it is
+        forgotten here): asked of the kernel only when there was activity since."""
+        last = getattr(kernel, "last_activity", None)  # gpuctx's own messages are not activity
+        if last is None or getattr(last, "timestamp", lambda: 0.0)() <= record.since:
+            return False
+        try:
+            reply = await kernel_client.request(kernel, "control", contract.REQUEST, {},
+                                                self.cfg.kernel_query_timeout)
+        except Exception:  # noqa: BLE001 — try again next round
+            return False
+        state = ((reply.get("content") or {}).get("suspend") or {}).get("state", "running")
+        if state != "running":
+            return False
+        if self.suspended.get(kernel_id) is record:
+            self.suspended.pop(kernel_id, None)
+            self._remember_resume(kernel_id, record, "the notebook (its next request)", None)
+        return True
 
     def is_suspended(self, kernel_id: str) -> bool:
         return kernel_id in self.suspended
