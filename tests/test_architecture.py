@@ -123,3 +123,11 @@ def test_every_module_is_listed_in_docs_architecture():
     assert not actual - listed, f"docs/architecture.md does not list {sorted(actual - listed)}: say what each is for"
     assert not (listed - actual - {"gpuctx.py"}), f"docs/architecture.md lists modules that do not exist: " \
                                                  f"{sorted(listed - actual - {'gpuctx.py'})}"
+
+
+def test_no_module_is_over_600_lines():
+    """A module past 600 lines has grown a second job: split it where the jobs part."""
+    package = ROOT / "gpuctx_jupyter"
+    long = {p.relative_to(ROOT).as_posix(): n for p in package.rglob("*.py") if "labextension" not in p.parts
+            and (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"over 600 lines: {long}"

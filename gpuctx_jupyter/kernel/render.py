@@ -141,3 +141,12 @@ class Report:
 
     def __repr__(self) -> str:
         return self.text()
+
+
+def ago(seconds: float) -> str:
+    """How long ago, in the unit a person reads at a glance: "40 s ago", "12 min ago", "2.5 h ago"."""
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"

@@ -35,17 +35,17 @@ from traitlets.config import Configurable
 from ..core import inventory
 from ..core.devices import SpecError, VisibleDevice, parse_spec
 from ..core.procs import descendants, ns_pids
-from . import worker_side
+from . import worker_processes, worker_side
 from .commands import one_line
-from .render import Report, Section, gib
-from .worker_placement import COUNT, Placement, check_count, check_free, choose
+from .render import Report, Section, ago, gib
+from .worker_placement import COUNT, Placement, check_free, choose
+from .worker_processes import ENTRY
 
 log = logging.getLogger("gpuctx.workers")
 # ipyparallel's own messages (each engine's output when it stops, at WARNING; its clean-up, at
 # ERROR) would land in the cell: gpuctx reports what went wrong itself, in one line.
 log.setLevel(logging.CRITICAL)
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
-ENTRY = "gpuctx_jupyter.kernel.worker_entry"
 
 
 def require_ipyparallel():
@@ -253,8 +253,8 @@ class GpuWorkers(Configurable):
         self.profile = profile
         engines = cluster.engine_launcher_class
         probe = engines(parent=cluster, log=log, profile_dir=cluster.profile_dir, cluster_id=cluster.cluster_id)
-        n = _profile_count(which, cluster, probe, profile, cpu)
-        engine_cmd = _wrapped(list(probe.engine_cmd), "ipyparallel.engine", "engine", profile)
+        n = worker_processes.profile_count(which, cluster, probe, profile, cpu)
+        engine_cmd = worker_processes.wrapped_command(list(probe.engine_cmd), "ipyparallel.engine", "engine", profile)
         env = dict(probe.environment, **self._ours(), **{worker_side.ENV_PLACE: "cpu" if cpu else "gpu",
                                                            worker_side.ENV_WARM: "1" if warm else "0"})
         from ipyparallel.cluster.launcher import LocalControllerLauncher
@@ -264,7 +264,7 @@ class GpuWorkers(Configurable):
             ctl = cluster.controller_launcher_class(parent=cluster, log=log, profile_dir=cluster.profile_dir,
                                                     cluster_id=cluster.cluster_id)
             kwargs["environment"] = dict(ctl.environment, **self._ours())
-            kwargs["controller_cmd"] = _wrapped(list(ctl.controller_cmd), "ipyparallel.controller", "controller",
+            kwargs["controller_cmd"] = worker_processes.wrapped_command(list(ctl.controller_cmd), "ipyparallel.controller", "controller",
                                                 profile)
         cluster.start_controller_sync(**kwargs)
         if isinstance(cluster.controller, LocalControllerLauncher):
@@ -313,11 +313,11 @@ class GpuWorkers(Configurable):
         """Why a process ipyparallel launched has exited, if one has."""
         cluster = self.cluster
         if cluster.controller is not None and cluster.controller.state == "after":
-            out = _last_line(cluster.controller.get_output())
+            out = worker_processes.last_line(cluster.controller.get_output())
             return f"the ipyparallel controller exited ({cluster.controller.stop_data}){': ' + out if out else ''}"
         for set_id, engine_set in cluster.engines.items():
             if engine_set.state == "after":
-                out = _last_line(engine_set.get_output())
+                out = worker_processes.last_line(engine_set.get_output())
                 code = (engine_set.stop_data or {}).get("exit_code")
                 return (f"worker {set_id.removeprefix('rank')} exited before it was ready (exit code {code})"
                         + (f": {out}" if out else ""))
@@ -325,7 +325,7 @@ class GpuWorkers(Configurable):
 
     def _last_words(self) -> str:
         for engine_set in self.cluster.engines.values():
-            out = _last_line(engine_set.get_output())
+            out = worker_processes.last_line(engine_set.get_output())
             if out:
                 return out
         return ""
@@ -334,7 +334,7 @@ class GpuWorkers(Configurable):
         """Ask every engine who it is; ranks: as the kernel gave them, else by host (in the order
         the hosts' first engines registered) and local slot."""
         ar = self.client[engines].apply_async(worker_side.identity)
-        infos = dict(zip(engines, wait_results([ar], deadline, self, "say who they are")[0], strict=True))
+        infos = dict(zip(engines, worker_processes.wait_results([ar], deadline, self, "say who they are")[0], strict=True))
         me = worker_side.boot_id()
         problems = [i["problem"] for i in infos.values() if i["problem"]]
         if problems:
@@ -367,14 +367,14 @@ class GpuWorkers(Configurable):
         hosts = {w.host for w in self.ranks}
         addr = master_addr or ("127.0.0.1" if len(hosts) == 1 else self.ranks[0].host)
         first = self.ranks[0]
-        port = wait_results([self.client[first.engine].apply_async(worker_side.free_port)], deadline, self,
+        port = worker_processes.wait_results([self.client[first.engine].apply_async(worker_side.free_port)], deadline, self,
                             "pick a port")[0]
         self.rendezvous = f"{addr}:{port}"
         per_host = {h: sum(1 for w in self.ranks if w.host == h) for h in hosts}
         ars = [self.client[w.engine].apply_async(worker_side.boot, w.rank, w.local_rank, len(self.ranks),
                                                  per_host[w.host], addr, port, self.backend, warm)
                for w in self.ranks]
-        for w, result in zip(self.ranks, wait_results(ars, deadline, self, "join torch.distributed"), strict=True):
+        for w, result in zip(self.ranks, worker_processes.wait_results(ars, deadline, self, "join torch.distributed"), strict=True):
             w.state, w.phases, w.warm = "ready", result["phases"], result["warm"]
 
     def _ready_line(self) -> str:
@@ -422,11 +422,11 @@ class GpuWorkers(Configurable):
                 client.close(linger=0)
             except Exception:  # noqa: BLE001
                 pass
-        _end(processes)
+        worker_processes.end_processes(processes)
         if private:
             shutil.rmtree(private, ignore_errors=True)
         if cluster is not None:
-            for path in _slot_locks(cluster.cluster_id):
+            for path in worker_processes.slot_locks(cluster.cluster_id):
                 try:
                     os.remove(path)
                 except OSError:
@@ -458,7 +458,7 @@ class GpuWorkers(Configurable):
         ids = set(self.client.ids)
         gone = []
         for w in self.ranks:
-            if w.engine not in ids or (w.local and not _pid_runs(w.pid)):
+            if w.engine not in ids or (w.local and not worker_processes.pid_runs(w.pid)):
                 gone.append(w)
         return gone
 
@@ -514,7 +514,7 @@ class GpuWorkers(Configurable):
     def summary_lines(self) -> list[str]:
         lines = [f"torch.distributed: {self.backend}, world size {len(self.ranks)}, rendezvous {self.rendezvous}"]
         if self.started:
-            lines.append(f"ready in {self.ready_in:.1f} s, {_ago(time.time() - self.started)}; {self.cells} "
+            lines.append(f"ready in {self.ready_in:.1f} s, {ago(time.time() - self.started)}; {self.cells} "
                          f"cell{'s' if self.cells != 1 else ''} run with %%on_gpu")
         if self.ranks and self.ranks[0].warm:
             lines.append(f"rank 0's warm-up: {self.ranks[0].warm}")
@@ -594,112 +594,3 @@ def _record(w: Worker):
     from ..core.devices import GpuRecord
 
     return GpuRecord(nvml_index=-1, uuid=w.uuid, name=w.gpu_name)
-
-
-def _profile_count(which, cluster, probe, profile: str, cpu: bool) -> int:
-    which = (which or "all").strip()
-    if COUNT.fullmatch(which):
-        n = int(which)
-        check_count(n)
-        return n
-    if which.lower() != "all":
-        raise UsageError(f"with --profile give a count or all, not {which!r}")
-    per_host = getattr(probe, "engines", None)  # the SSH launcher's {host: count or {"n": count}}
-    n = cluster.n or getattr(probe, "engine_count", None) or (sum(
-        v.get("n", 1) if isinstance(v, dict) else int(v) for v in per_host.values()) if per_host else 0)
-    if not n:
-        raise UsageError(f"profile {profile!r} sets no number of engines (c.Cluster.n, or the SSH launcher's "
-                         f"engines): give one, "
-                         f"`%gpu workers start 4 --profile {profile}`")
-    return int(n)
-
-
-def _wrapped(cmd: list[str], module: str, role: str, profile: str) -> list[str]:
-    """The profile's command for ipyparallel's `module`, running gpuctx's entry instead (which
-    then runs that module's main)."""
-    if module not in cmd:
-        raise UsageError(one_line(f"profile {profile!r} starts the {role} with {' '.join(cmd)!r}, not "
-                                  f"`python -m {module}`: gpuctx cannot watch and place its workers that way"))
-    i = cmd.index(module)
-    return [*cmd[:i], ENTRY, role, *cmd[i + 1:]]
-
-
-def wait_results(ars: list, deadline: float, workers: GpuWorkers, doing: str) -> list:
-    """The results of ipyparallel AsyncResults, waiting until `deadline`; a worker that dies, an
-    error, or the deadline is a one-line UsageError."""
-    pending = list(ars)
-    while pending:
-        done, _ = concurrent.futures.wait(pending, timeout=0.2)
-        for ar in done:
-            pending.remove(ar)
-            exc = ar.exception()
-            if exc is not None:
-                raise UsageError(one_line(f"a worker failed to {doing}: {_error_text(exc)}")) from None
-        if workers.cluster is not None:
-            failed = workers._launcher_failure()
-            if failed:
-                raise UsageError(one_line(failed))
-        if pending and time.monotonic() > deadline:
-            raise UsageError(f"the workers did not {doing} within {workers.start_timeout:g} s "
-                             "(c.GpuWorkers.start_timeout)")
-    return [ar.get() for ar in ars]
-
-
-def _error_text(exc) -> str:
-    ename, evalue = getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc))
-    engine = (getattr(exc, "engine_info", None) or {}).get("engine_id")
-    return f"{ename}: {evalue}" + (f" (engine {engine})" if engine is not None else "")
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1][-300:] if lines else ""
-
-
-def _pid_runs(pid: int) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _end(processes) -> None:
-    """SIGKILL what of `processes` (psutil.Process, with their start time) still runs, and below."""
-    import psutil
-
-    for proc in processes:
-        try:
-            if not proc.is_running():
-                continue
-            tree = [proc, *proc.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-    psutil.wait_procs([p for p in processes if _alive_proc(p)], timeout=5)
-
-
-def _alive_proc(proc) -> bool:
-    try:
-        return proc.is_running()
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _slot_locks(cluster_id: str) -> list[str]:
-    import glob
-
-    return glob.glob(os.path.join(tempfile.gettempdir(), f"gpuctx-worker-{glob.escape(cluster_id)}-*.lock"))
-
-
-def _ago(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s ago"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min ago"
-    return f"{seconds / 3600:.1f} h ago"

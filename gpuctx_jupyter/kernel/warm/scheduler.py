@@ -23,7 +23,6 @@ import re
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
 from ...contract import DEFAULT_OPS, STANDBY
 from ...core import cuda_driver
@@ -31,6 +30,7 @@ from ...core import frameworks as fws
 from ...core import inventory
 from . import plan as plans
 from .plan import Plan, Step
+from .status import WarmState
 from .recipes import RECIPES, recipe
 
 log = logging.getLogger("gpuctx")
@@ -44,48 +44,6 @@ _IMPORTS = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", re.MULTILINE)
 START_GRACE_S = 0.25
 LIGHT_IDLE_S = 0.2  # after a cell: the user idle this long before a light step (one GPU op)
 HEAVY_IDLE_S = 1.0  # ... and this long before a heavy one (an import, torch._dynamo)
-
-
-@dataclass
-class WarmState:
-    state: str = "off"  # off | running | done | skipped | failed
-    detail: str = ""  # what it did, or why it skipped or failed
-    source: str = ""  # server hook, kernel config, %gpu warm
-    device: int | None = None
-    phase: str = ""  # the phase running now
-    phases: dict[str, float] = field(default_factory=dict)  # seconds each
-    started: float | None = None  # time.monotonic()
-    finished: float | None = None
-    first_cell_overlap: float | None = None  # how long the first cell ran while warm-up was busy
-
-    @property
-    def total(self) -> float | None:
-        return None if self.started is None or self.finished is None else self.finished - self.started
-
-    def summary(self) -> str:
-        phases = ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items())
-        where = f" on cuda:{self.device}" if self.device is not None else ""
-        by = f", started by {self.source}" if self.source else ""
-        if self.state == "running":
-            return f"running{where} (now: {self.phase}; done: {phases or 'nothing yet'}){by}"
-        if self.state == "off":
-            return f"off ({self.detail})" if self.detail else "off"
-        text = f"{self.state}{where}"
-        if self.total is not None and self.state != "skipped":
-            text += f" in {self.total:.2f} s"
-        if phases:
-            text += f" ({phases})"
-        if self.detail:
-            text += f": {self.detail}" if self.state in ("skipped", "failed") else f"; {self.detail}"
-        text += by
-        if self.first_cell_overlap is not None:
-            text += f"; your first cell waited for it at most {self.first_cell_overlap:.2f} s"
-        return text
-
-    def as_dict(self) -> dict:
-        d = dict(self.__dict__)
-        d["total"] = self.total
-        return d
 
 
 class Warmer:
