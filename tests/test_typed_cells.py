@@ -276,3 +276,45 @@ def test_merging_keeps_what_was_done_and_its_record():
     assert merged.steps[1] is torch and merged.steps[3] is gpu  # done or decided: never again
     assert [s.state for s in merged.steps[2:]] == ["planned", "skipped", "planned"]  # the budget's: tried again
     assert [s.name for s in merged.steps if s.state == "planned"] == ["import big", "optimizer step (AdamW)"]
+
+
+def _typed(sources, choice=None):
+    from traitlets.config import Config
+
+    from gpuctx_jupyter.contract import notebook as nbread
+    from gpuctx_jupyter.kernel.warm.settings import GpuWarmup
+    from gpuctx_jupyter.kernel.warm.typed import typed_plan
+
+    cfg = GpuWarmup(config=Config({"GpuWarmup": {"policy": "always", "recipe": "notebook"}}))
+    return typed_plan(cfg, "", nbread.facts_from_sources(sources), choice)
+
+
+def test_typed_settings_are_not_applied_and_typed_devices_move_nothing(monkeypatch):
+    """A typed line has not run and may never run as it stands: no setting of it reaches the
+    kernel's environment, and no device it names becomes the kernel's or is warmed before it runs."""
+    from gpuctx_jupyter.kernel.switching import Choice
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    plan = _typed(["import os\nos.environ['TOKENIZERS_PARALLELISM'] = 'false'\nimport torch",
+                   "x = torch.ones(3, device='cuda:1')"])
+    setting = next(s for s in plan.steps if s.kind == "setup")
+    assert setting.state == "skipped" and setting.env is None and "typed, not yet run" in setting.detail
+    assert next(s for s in plan.steps if s.module == "torch").state == "skipped"  # imports wait for it
+    assert plan.devices == [] and "typed cells choose a device (cell 2, line 1)" in plan.gpu_blocked
+    assert "cuda:1" not in plan.gpu_blocked  # the line itself stays in the kernel's cells
+    # the user has chosen (a %gpu use that ran): that device is warmed, the typed one moves nothing
+    chosen = _typed(["import torch", "x = torch.ones(3, device='cuda:1')"], Choice(0, source="%gpu use 0"))
+    assert chosen.devices == [] and not chosen.gpu_blocked
+    assert _typed(["import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\nimport torch\nx = torch.ones(3).cuda()"]
+                  ).gpu_blocked  # a GPU setting typed: no GPU work before its cell has run
+
+
+def test_a_suspended_kernel_puts_typed_cells_off_rather_than_refusing_them(tmp_path):
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.kernel.warm import typed
+
+    state = SimpleNamespace(suspend=SimpleNamespace(suspended=True))
+    answer = typed.accept(state, None, {"cells": ["import torch"]})
+    assert answer["status"] == "suspended" and "resumed" in answer["message"]

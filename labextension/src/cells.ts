@@ -108,6 +108,7 @@ export class TypedCells {
     if (id !== this._kernel || (status !== null && RESTARTING.has(status))) {
       // another kernel, or a new process of this one: it knows only the saved file
       this._kernel = id;
+      this._generation++; // answers still on their way are the old process's
       this._sent = null;
       this._stopped = false;
       this._silent = 0;
@@ -148,16 +149,19 @@ export class TypedCells {
       return;
     }
     this._inFlight = true;
+    const generation = this._generation;
     this._options
       .send(id, cells)
       .then(
         answer => {
-          if (id !== this._kernel) {
+          if (generation !== this._generation) {
             return;
           }
           if (answer?.status === 'ok') {
             this._sent = key;
             this._silent = 0;
+          } else if (answer?.status === 'suspended') {
+            this._dirty = true; // sent again once it has resumed (its next cell leaves it idle)
           } else if (++this._silent >= SILENT_LIMIT) {
             this._stopped = true; // gpuctx does not answer there: no more messages it cannot read
           } else {
@@ -166,7 +170,7 @@ export class TypedCells {
         },
         err => {
           const status = httpStatus(err);
-          if (id !== this._kernel) {
+          if (generation !== this._generation) {
             return;
           }
           if (status !== null && status >= 400 && status < 500) {
@@ -195,6 +199,7 @@ export class TypedCells {
   private _inFlight = false;
   private _stopped = false;
   private _silent = 0;
+  private _generation = 0;
   private _disposed = false;
 }
 

@@ -207,6 +207,47 @@ describe('TypedCells', () => {
     expect(u.typed.stopped).toBe(false);
   });
 
+  it('a suspended kernel is sent the cells again once its next cell has resumed it, however often', async () => {
+    const t = setup([{ status: 'suspended' }, { status: 'suspended' }, { status: 'suspended' }]);
+    for (const text of ['a = 1', 'a = 2', 'a = 3']) {
+      t.nb.type(0, text);
+      t.timers.advance(TYPING_PAUSE_MS);
+      await settle();
+    }
+    expect(t.sent).toHaveLength(3);
+    expect(t.typed.stopped).toBe(false);
+    t.nb.setStatus('busy'); // the cell that resumes it
+    t.nb.setStatus('idle');
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent.map(s => s.cells)).toEqual([['a = 1'], ['a = 2'], ['a = 3'], ['a = 3']]);
+  });
+
+  it("an answer from before a restart does not count for the restarted kernel", async () => {
+    let answer: (value: { status: string }) => void = () => undefined;
+    const t = setup();
+    const typed = new TypedCells(t.nb, {
+      send: (kernel, cells) => {
+        t.sent.push({ kernel, cells: [...cells] });
+        return new Promise(resolve => (answer = resolve));
+      },
+      enabled: true,
+      setTimeout: t.timers.set,
+      clearTimeout: t.timers.clear
+    });
+    t.typed.dispose();
+    t.nb.type(0, 'import torch');
+    t.timers.advance(TYPING_PAUSE_MS);
+    t.nb.setStatus('restarting');
+    t.nb.setStatus('idle'); // the old process's answer is still on its way
+    answer({ status: 'ok' });
+    await settle();
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+    expect(t.sent).toHaveLength(2); // the restarted process is sent the unsaved cells too
+    typed.dispose();
+  });
+
   it('sends nothing with the setting off, and what waits when it is turned on', async () => {
     const t = setup([], false);
     t.nb.type(0, 'import torch');

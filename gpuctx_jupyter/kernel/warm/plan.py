@@ -194,9 +194,13 @@ def denied(module: str, deny) -> str | None:
 # -- the plan --------------------------------------------------------------------------------------
 def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), extra_imports=(),
            deny=DEFAULT_DENY, max_imports: int = MAX_IMPORTS, environ=None, installed=None,
-           cwd: str | None = None, facts: Facts | None = None) -> Plan:
+           cwd: str | None = None, facts: Facts | None = None, typed: bool = False) -> Plan:
     """The `notebook` recipe's plan for the notebook at `path` (read now, from disk, unless its
     `facts` are given: cells a frontend holds that are not saved yet).
+
+    `typed`: the facts are cells as typed, which may never run as they stand: the plan applies none
+    of their settings (nor imports past them, nor GPU work past a GPU setting); the devices they
+    name are for the caller to weigh (warm/typed.py).
 
     `installed(name) -> bool` says whether a framework is installed (default: find_spec);
     `environ` is the kernel's environment (default os.environ), which the notebook's set-up never
@@ -225,7 +229,7 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     plan.reading = f"{facts.code_cells} code cells read"
     used = {fw: (str(w), w.code) for fw, w in facts.frameworks.items()}
     plan.frameworks = [f for f in NOTEBOOK_FRAMEWORKS if f in used]
-    _setup_and_imports(plan, facts.events, path, deny, max_imports, environ, cwd)
+    _setup_and_imports(plan, facts.events, path, deny, max_imports, environ, cwd, apply_setup=not typed)
     if not plan.frameworks:
         if facts.magics is None:
             plan.reading += "; no GPU framework used"
@@ -364,14 +368,15 @@ def _find(name: str) -> bool:
         return False
 
 
-def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports, environ, cwd) -> None:
+def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports, environ, cwd,
+                       apply_setup: bool = True) -> None:
     nb_dir = os.path.dirname(os.path.abspath(path)) if path else None
     warm_imports = 0
     seen = {s.module for s in plan.steps}
     for ev in events:
         where, code = str(ev.where), ev.where.code
         if ev.kind == "env":
-            _env_step(plan, ev, environ, before_imports=warm_imports == 0)
+            _env_step(plan, ev, environ, before_imports=warm_imports == 0, apply=apply_setup)
         elif ev.kind == "barrier":
             plan.add(Step("setup", ev.why, where=where, code=code, state="skipped",
                           detail="not done by the warm-up: the imports after it are left to your notebook"))
@@ -399,7 +404,7 @@ def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports,
                     step.state, step.detail = "skipped", why
 
 
-def _env_step(plan: Plan, ev: Event, environ, before_imports: bool) -> None:
+def _env_step(plan: Plan, ev: Event, environ, before_imports: bool, apply: bool = True) -> None:
     name, value = ev.env or ("", None)
     where, code = str(ev.where), ev.where.code
     label = f"set {name}={value}" if name and value is not None else f"set {name or 'environment variables'}"
@@ -412,6 +417,8 @@ def _env_step(plan: Plan, ev: Event, environ, before_imports: bool) -> None:
     reason = ""
     if not name or value is None:
         reason = "not a literal the warm-up can apply"
+    elif not apply:
+        reason = "typed, not yet run: a setting takes effect when its cell runs"
     elif not before_imports:
         reason = "set after the notebook's first import: applying it earlier would change what those imports see"
     elif not safe:

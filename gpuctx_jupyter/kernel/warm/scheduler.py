@@ -258,6 +258,7 @@ class Warmer:
                         self._exiting = True
                         break
                 make_next, st.source = follow
+                st.state, st.detail = "running", ""  # %gpu status: under way again, not the last plan's "done"
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
         except _SteppedAside:

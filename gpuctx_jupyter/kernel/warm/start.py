@@ -29,7 +29,8 @@ def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None)
     deny, most = tuple(cfg.import_deny), cfg.max_imports
     extra_ops = tuple(op for op in ops if op not in DEFAULT_OPS)
     return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops,
-                                extra_imports=imports, deny=deny, max_imports=most, facts=facts)
+                                extra_imports=imports, deny=deny, max_imports=most, facts=facts,
+                                typed=facts is not None)
 
 
 def wanted(cfg: GpuWarmup, path: str | None) -> tuple[bool, str]:

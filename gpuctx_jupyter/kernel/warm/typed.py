@@ -11,7 +11,7 @@ left to the user's own GPU cell is kept as it is (never done twice); what is new
 next, in the order the cells need it, taking turns with the user's cells as every warm-up does.
 
 Refused, with one sentence, where warming is off (GPUCTX_WARM=0, policy never), fixed (the basic
-recipe), not for a notebook (a standby of the pool) or where the kernel is suspended. Nothing of
+recipe) or not for a notebook (a standby of the pool); put off where the kernel is suspended. Nothing of
 the cells' text is logged or sent back: the reply carries counts.
 """
 from __future__ import annotations
@@ -34,6 +34,10 @@ def accept(state, shell, content) -> dict:
         sources = check_cells(content)
     except BadCells as exc:
         return {"status": "refused", "message": str(exc)}
+    gate = state.suspend
+    if gate is not None and gate.suspended:  # not a refusal: once resumed, the cells are welcome again
+        return {"status": "suspended", "message": "this kernel is suspended: nothing of ours touches the GPU "
+                                                  "until it has resumed"}
     cfg = GpuWarmup(parent=shell)
     why = refusal(state, cfg)
     if why:
@@ -44,22 +48,20 @@ def accept(state, shell, content) -> dict:
     if cfg.policy == "auto" and not facts.wants_gpu()[0]:
         return {**reply, "warmup": state.warmer.status.state,
                 "detail": "policy auto: these cells use no GPU framework, so nothing is warmed for them"}
-    derived = typed_plan(cfg, path, facts)
+    choice = getattr(state.switcher, "choice", None)
+    derived = typed_plan(cfg, path, facts, choice)
     warmer = state.warmer
     new = [s for s in merge(derived, warmer.plan).steps if s.state == "planned"]
     if not new:
         return {**reply, "warmup": warmer.status.state, "detail": "nothing new to warm for these cells"}
     warmer.import_budget = cfg.import_budget
-    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts), previous), SOURCE)
+    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts, choice), previous), SOURCE)
     return {**reply, "planned": len(new), "warmup": warmer.status.state,
             "detail": f"{len(new)} step(s) to warm for these cells, when it is their turn"}
 
 
 def refusal(state, cfg: GpuWarmup) -> str | None:
     """Why this kernel does not warm typed cells (None: it does)."""
-    gate = state.suspend
-    if gate is not None and gate.suspended:
-        return "this kernel is suspended: nothing of ours touches the GPU until it has resumed"
     if opted_out():
         return "the warm-up is off in this kernel (GPUCTX_WARM=0): typed cells are not warmed"
     if cfg.policy == "never":
@@ -73,11 +75,21 @@ def refusal(state, cfg: GpuWarmup) -> str | None:
     return None
 
 
-def typed_plan(cfg: GpuWarmup, path: str, facts: nbread.Facts) -> Plan:
-    """The notebook recipe's plan for the typed cells, said to come from them."""
+def typed_plan(cfg: GpuWarmup, path: str, facts: nbread.Facts, choice=None) -> Plan:
+    """The notebook recipe's plan for the typed cells, said to come from them. It applies none of
+    their settings (plan.derive, typed) and moves the kernel to no device they name: a typed line
+    has not run and may never run as it stands. Where they name one and the user has chosen none
+    yet (`choice`: the kernel's current device and who chose it), no GPU work is done until that
+    cell has run; where the user has chosen, the chosen device is warmed."""
     plan = planner(cfg, path or None, facts=facts)()
     if facts.readable and not facts.new:
         plan.reading = f"{facts.code_cells} code cells as typed (unsaved edits included)"
+    if plan.devices:
+        source = getattr(choice, "source", "") or ""
+        if choice is None or "server" in source or "config" in source:
+            plan.gpu_blocked = plan.gpu_blocked or (f"the typed cells choose a device ({plan.device_where.split(': ', 1)[0]}): "
+                                                    "its GPU is warmed once that cell has run")
+        plan.devices = []
     return plan
 
 

@@ -5,7 +5,8 @@ as the frontend holds them, unsaved edits included, for the kernel's warm plan (
 JSON, wrong types), 413 over the caps (contract/cells.py: the body is refused by its length before
 it is read), 404 for an unknown kernel, 409 where the kernel does not warm typed cells (gpuctx not
 installed there, warming off, a fixed recipe — the sentence says which), 200 with a `status` when
-the kernel cannot answer (as GET kernels/<id> does). Each refusal is one warning line naming the
+the kernel cannot answer (as GET kernels/<id> does) or is suspended (`"status": "suspended"`: the
+frontend sends again once it has resumed). Each refusal is one warning line naming the
 kernel and what was wrong; no line ever holds the cells' text.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ class CellsHandler(GpuctxHandler):
             self._body.append(chunk)
 
     @web.authenticated
-    @authorized
+    @authorized("execute")  # what the kernel then imports is the caller's to say: as running code is
     async def put(self, kernel_id: str):
         if self._size > MAX_BODY_BYTES:
             raise self._refuse(413, f"the body is {self._size} bytes, more than {MAX_BODY_BYTES} "
