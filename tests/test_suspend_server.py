@@ -126,6 +126,9 @@ async def test_suspend_and_resume_through_the_routes_and_where_a_suspended_noteb
     assert gpuctx.server.holders.suspend_url.endswith("/gpuctx/api/kernels/{id}/suspend")
     seen = json.loads((await jp_fetch("gpuctx", "api", "kernels", kid)).body)
     assert seen["suspend"]["state"] == "suspended"  # the kernel answers from before, touching no GPU
+    typed = await jp_fetch("gpuctx", "api", "kernels", kid, "cells", method="PUT",
+                           body=json.dumps({"cells": ["import torch"]}))  # put off, not refused: sent again later
+    assert typed.code == 200 and json.loads(typed.body)["status"] == "suspended" and fake.state(pid) == 2
     code, again = await post(jp_fetch, kid, "suspend")
     assert code == 409 and again["message"].startswith("it is suspended: 10.0 GiB in host memory since ")
     # the next cell, from any client, resumes it; the server notices

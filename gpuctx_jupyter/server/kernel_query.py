@@ -13,11 +13,16 @@ from ..contract import REPLY, REQUEST
 from . import kernel_client
 
 
+# What a kernel may answer instead of "ok", passed on as it says: "refused" (it never will, for this
+# request), "suspended" (not now: its GPU memory is in host memory until its next cell).
+DECLINED = ("refused", "suspended")
+
+
 async def control(kernel, request: str, reply_type: str, timeout: float, dead: str, content: dict | None = None
                   ) -> dict:
     """Send `request` (with `content`) on the kernel's control channel; the reply's content when it
     is `reply_type` with status ok, else why there is none, as an answer (`dead`: what a dead kernel
-    means here). A kernel that declines says so: {"status": "refused", "reason": its sentence}."""
+    means here). A kernel that declines says so: {"status": "refused" | "suspended", "reason": its sentence}."""
     if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
         return {"status": "dead", "reason": f"the kernel's process is not running: {dead}"}
     try:
@@ -29,8 +34,8 @@ async def control(kernel, request: str, reply_type: str, timeout: float, dead: s
     except Exception as exc:  # the kernel's connection is broken: say so, as an answer
         return {"status": "error", "reason": f"could not reach the kernel: {type(exc).__name__}: {exc}"}
     content = dict(reply.get("content", {}))
-    if reply.get("msg_type") == reply_type and content.get("status") == "refused":
-        return {"status": "refused", "reason": str(content.get("message") or "the kernel declined")}
+    if reply.get("msg_type") == reply_type and content.get("status") in DECLINED:
+        return {"status": content["status"], "reason": str(content.get("message") or "the kernel declined")}
     if reply.get("msg_type") != reply_type or content.get("status") != "ok":
         why = content.get("message") or f"unexpected reply {reply.get('msg_type')!r}"
         if reply.get("msg_type") != reply_type:
