@@ -42,11 +42,11 @@ import time
 
 from ..contract import SUSPEND_STATES
 from ..core import checkpoint, inventory
-from ..core import frameworks as fws
 from ..core.sampler import process_sampler
 from . import kernel_view
 from .state import of as state_of
 from .oom import duration
+from .release import return_cached
 from .render import gib
 
 RUNNING, SUSPENDING, SUSPENDED, RESUMING = SUSPEND_STATES
@@ -56,21 +56,6 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
                           "create_subshell_request", "delete_subshell_request", "list_subshell_request"})
 RESTORE_TIMEOUT_S = 1800.0  # a restore of a whole H200's memory takes well under a minute
 log = logging.getLogger("gpuctx")
-
-
-def return_cache() -> int:
-    """Give the allocators' cached blocks back to the GPU before a checkpoint, as Release does
-    (no variable is touched): cache is free memory to the user, and moving it to host memory and
-    back would cost host RAM and seconds for nothing. Bytes returned; a failure moves them along."""
-    total = 0
-    for fw in fws.loaded():
-        if fw.gpu_reason():
-            continue
-        try:
-            total += int(fw.release_cached() or 0)
-        except Exception:  # noqa: BLE001 — the checkpoint then moves the cache too, nothing is lost
-            log.debug("gpuctx: %s kept its cache before a suspend", fw.name, exc_info=True)
-    return total
 
 
 def shares_cuda_memory() -> bool:
@@ -125,7 +110,10 @@ class Gate:
         why = self._refusal() if token else "no token given"
         if why:
             return {"status": "refused", "message": why}
-        released = 0 if self._busy else return_cache()  # a running cell is refused below
+        # Cache is free memory to the user: moving it to host memory and back would cost host RAM and
+        # seconds for nothing, so it goes back to the GPU first, as Release does (a running cell is
+        # refused below).
+        released = 0 if self._busy else sum(return_cached().values())
         report = kernel_view.report(self.kernel_state)  # still running: the figures are read as usual
         with self._cond:
             if self._busy:

@@ -29,6 +29,12 @@ class Choice:
     default: bool = False  # tensors created without a device land there too
     source: str = "%gpu use"
 
+    @property
+    def assigned(self) -> bool:
+        """Given to the kernel (by the server or its config), not chosen by the user or the
+        notebook: what the notebook names may take its place."""
+        return "server" in self.source or "config" in self.source
+
 
 @dataclass
 class Applied:

@@ -92,6 +92,15 @@ function setup(answers: Answer[] = [], enabled = true) {
 
 const settle = () => new Promise(resolve => setTimeout(resolve, 0));
 
+/** Each text typed into the first cell, then a typing pause and its answer. */
+async function typeEach(t: ReturnType<typeof setup>, texts: string[]): Promise<void> {
+  for (const text of texts) {
+    t.nb.type(0, text);
+    t.timers.advance(TYPING_PAUSE_MS);
+    await settle();
+  }
+}
+
 function refusal(status: number): Error {
   return Object.assign(new Error(`refused (${status})`), { response: { status } });
 }
@@ -189,11 +198,7 @@ describe('TypedCells', () => {
 
   it('stops after a kernel gives no answer twice; a server that does not answer is tried again', async () => {
     const t = setup([{ status: 'no-answer' }, { status: 'no-answer' }]);
-    for (const text of ['a = 1', 'a = 2', 'a = 3']) {
-      t.nb.type(0, text);
-      t.timers.advance(TYPING_PAUSE_MS);
-      await settle();
-    }
+    await typeEach(t, ['a = 1', 'a = 2', 'a = 3']);
     expect(t.sent).toHaveLength(2);
     expect(t.typed.stopped).toBe(true);
     const u = setup([new TypeError('Failed to fetch')]);
@@ -209,11 +214,7 @@ describe('TypedCells', () => {
 
   it('a suspended kernel is sent the cells again once its next cell has resumed it, however often', async () => {
     const t = setup([{ status: 'suspended' }, { status: 'suspended' }, { status: 'suspended' }]);
-    for (const text of ['a = 1', 'a = 2', 'a = 3']) {
-      t.nb.type(0, text);
-      t.timers.advance(TYPING_PAUSE_MS);
-      await settle();
-    }
+    await typeEach(t, ['a = 1', 'a = 2', 'a = 3']);
     expect(t.sent).toHaveLength(3);
     expect(t.typed.stopped).toBe(false);
     t.nb.setStatus('busy'); // the cell that resumes it

@@ -523,7 +523,7 @@ class Warmer:
         sw = self.switcher
         if sw is None or (sw.choice is not None and sw.choice.ordinal == ordinal):
             return
-        if sw.choice is None or "server" in sw.choice.source or "config" in sw.choice.source:
+        if sw.choice is None or sw.choice.assigned:
             from ..switching import Choice
 
             sw.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))

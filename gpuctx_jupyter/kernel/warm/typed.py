@@ -85,10 +85,10 @@ def typed_plan(cfg: GpuWarmup, path: str, facts: nbread.Facts, choice=None) -> P
     if facts.readable and not facts.new:
         plan.reading = f"{facts.code_cells} code cells as typed (unsaved edits included)"
     if plan.devices:
-        source = getattr(choice, "source", "") or ""
-        if choice is None or "server" in source or "config" in source:
-            plan.gpu_blocked = plan.gpu_blocked or (f"the typed cells choose a device ({plan.device_where.split(': ', 1)[0]}): "
-                                                    "its GPU is warmed once that cell has run")
+        if choice is None or choice.assigned:
+            where = plan.device_where.split(": ", 1)[0]  # the cell and line, not the line's text
+            plan.gpu_blocked = plan.gpu_blocked or (f"the typed cells choose a device ({where}): its GPU is "
+                                                    "warmed once that cell has run")
         plan.devices = []
     return plan
 
