@@ -211,10 +211,22 @@ def train_step(torch, dev, optimizers) -> None:
 
 def compile_tiny(torch, dev) -> None:
     """torch.compile's first use: dynamo, inductor's import and code generation, its compile
-    workers, a forward and a backward graph of a tiny model (the user's own model then compiles
-    in a fraction of the cold time; inductor's caches on disk keep what it generated)."""
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(dev)
-    fn = torch.compile(net)
+    workers, a forward and a backward graph (the user's own model then compiles in a fraction of
+    the cold time; inductor's caches on disk keep what it generated).
+
+    It compiles a function of its own, never an nn.Module: dynamo keeps what it saw per code
+    object, so a warm-up through nn.Sequential.forward made the user's first nn.Sequential compile
+    with a dynamic batch size (automatic dynamic shapes) — a different graph, slower to build,
+    that missed the on-disk cache the same notebook had filled the day before."""
+    params = [torch.randn(shape, device=dev, requires_grad=True) for shape in ((32, 16), (32,), (8, 32), (8,))]
+    fn = torch.compile(_tiny_mlp)
     x = torch.randn(4, 16, device=dev)
-    fn(x).sum().backward()
-    float(fn(x).sum().detach())
+    fn(x, *params).backward()
+    float(fn(x, *params).detach())
+
+
+def _tiny_mlp(x, w1, b1, w2, b2):
+    """The warm-up's compiled function: its code object is gpuctx's alone (see compile_tiny)."""
+    import torch.nn.functional as F
+
+    return F.linear(F.linear(x, w1, b1).relu(), w2, b2).sum()
