@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import multiprocessing
 import os
 import re
 from dataclasses import dataclass
@@ -80,6 +79,12 @@ def _torch_findings(inv: Inventory, warm=None) -> list[Finding]:
                         "install a CUDA build of torch that matches your driver to use the GPU")]
     out = [Finding(OK, "torch", f"{mod.__version__}, built for CUDA {built}")] + _driver_findings(built, inv)
     if torch.initialized():
+        # Imported here, not with the extension: importing multiprocessing aliases the user's
+        # namespace as sys.modules["__mp_main__"], and before torch's own import of it that made
+        # pickle name torch.contiguous_format after the namespace — inductor's cache keys then
+        # differed from a plain kernel's for the same graph (every compile missed its cache).
+        import multiprocessing
+
         method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_context().get_start_method()
         if method == "fork":
             by_warmup = warm is not None and warm.state == "done"
