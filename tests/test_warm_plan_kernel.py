@@ -242,7 +242,7 @@ def test_the_compile_warm_up_runs_on_the_cpu_and_leaves_the_users_graph_as_it_co
     # yesterday: the notebook ran in a plain kernel, without gpuctx (which once imported
     # multiprocessing before torch: pickle then named torch's memory formats after the user's
     # namespace, and inductor's keys for the same graph differed)
-    km, kc = start(env={**cache, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}, cwd=str(tmp_path))
+    km, kc = start(env=cache, cwd=str(tmp_path))
     try:
         r = run(kc, COMPILE_CELL, timeout=300)
         assert r.reply["status"] == "ok", r.stderr
