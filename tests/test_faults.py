@@ -157,8 +157,9 @@ def test_a_polled_idle_kernel_keeps_its_last_activity_and_is_culled(faulty):
     kid = srv.start_kernel()
     assert srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]["status"] == "ok"
     model = lambda: srv.api("GET", f"/api/kernels/{kid}")  # noqa: E731
+    # the adopted standby's model says "starting" until the server has seen its first status
+    assert wait_for(lambda: model()[1]["execution_state"] == "idle", timeout=30)
     first = model()[1]
-    assert first["execution_state"] == "idle"
     deadline = time.monotonic() + 30
     while True:  # poll faster than the culler's timeout: the kernel goes anyway
         asked, answer = srv.api("GET", f"/gpuctx/api/kernels/{kid}")
