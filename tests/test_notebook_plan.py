@@ -1,6 +1,7 @@
 """The `notebook` warm recipe: plans derived from real-looking notebooks, read without running them."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -364,6 +365,25 @@ def test_torch_dynamo_is_imported_in_the_background_right_after_torch_when_the_n
     assert next(s for s in plan.steps if s.module == "torch._dynamo").overlap
     notebook(tmp_path / "infer.ipynb", ["import torch", "y = torch.ones(3, device='cuda')"])
     assert "import torch._dynamo" not in [s.name for s in derive(tmp_path / "infer.ipynb").steps]
+
+
+def test_what_lightning_imports_on_its_first_trainer_comes_after_the_training_steps_where_installed(tmp_path, site):
+    site("lightning")
+    notebook(tmp_path / "nb.ipynb", ["import torch\nimport lightning as L", "opt = torch.optim.AdamW(params)",
+                                     "trainer = L.Trainer(max_epochs=1)"])
+    plan = derive(tmp_path / "nb.ipynb")
+    if importlib.util.find_spec("mpi4py") is None:  # mpi4py is not installed: nothing
+        assert "from mpi4py import MPI" not in [s.name for s in plan.steps]
+    site("mpi4py")
+    plan = derive(tmp_path / "nb.ipynb")
+    order = [s.name for s in plan.steps]
+    mpi = next(s for s in plan.steps if s.module == "mpi4py")
+    assert (mpi.name, mpi.names, mpi.state, mpi.where) == ("from mpi4py import MPI", ("MPI",), "planned", "cell 1, line 2")
+    assert "Trainer" in mpi.detail
+    assert order.index("import lightning") < order.index("optimizer step (AdamW)") < order.index("from mpi4py import MPI")
+    notebook(tmp_path / "plain.ipynb", ["import torch", "opt = torch.optim.AdamW(params)"])
+    assert "from mpi4py import MPI" not in [s.name for s in derive(tmp_path / "plain.ipynb").steps]
+    assert "from mpi4py import MPI" not in [s.name for s in derive(tmp_path / "nb.ipynb", deny=("mpi4py",)).steps]
 
 
 def test_later_cells_imports_come_after_the_gpu_work_of_the_first_gpu_cell(tmp_path, site):

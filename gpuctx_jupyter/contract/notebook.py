@@ -88,7 +88,7 @@ class Event:
     kind: import (module, names) | env (a setting: name and literal value; name "" or value None
     when not a literal) | barrier (changes what later imports see: sys.path, the working directory,
     package installs; `why`) | device (a device the notebook selects: `%gpu use`, `%%on_gpu`,
-    set_device)."""
+    set_device) | workers (`%gpu workers start ARGS`: the ARGS, in `device`)."""
 
     kind: str
     where: Where
@@ -420,6 +420,8 @@ def _magic_events(line: str, where: Where) -> list[Event]:
     magic, rest = (words[0], words[1].strip() if len(words) > 1 else "") if words else ("", "")
     if magic == "gpu" and rest.split()[:1] == ["use"] and len(rest.split()) > 1:
         return [Event("device", where, device=rest.split()[1])]
+    if magic == "gpu" and rest.split()[:2] == ["workers", "start"]:
+        return [Event("workers", where, device=rest.split(None, 2)[2] if len(rest.split()) > 2 else "")]
     if magic == "env":
         m = re.match(r"^(\w+)\s*[= ]\s*(.*)$", rest)
         if m:

@@ -44,6 +44,16 @@ DEFAULT_DENY = (
     "wandb", "comet_ml", "neptune", "clearml", "google.colab", "getpass", "antigravity", "this",
 )
 
+# What a library imports only when first used, and what that costs: imported by the warm-up after
+# the GPU work, where the notebook imports the library and the module is installed. Lightning's
+# first Trainer() runs its MPI check, `from mpi4py import MPI`, which starts MPI: 0.6-0.7 s of the
+# first Trainer.fit cell on an H200 host (scripts/probe-first-cell.py).
+FIRST_USE = {
+    "lightning": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
+    "lightning.pytorch": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
+    "pytorch_lightning": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
+}
+
 # Set-up the warm-up may apply itself, when the notebook sets it with a literal before its first
 # import and the kernel's environment does not already say otherwise.
 SAFE_ENV = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_LAUNCH_BLOCKING", "CUDA_MODULE_LOADING",
@@ -71,6 +81,7 @@ class Step:
     seconds: float | None = None
     cuda: str = ""  # after an import: "driver" or "context" when it touched CUDA (core/cuda_driver.py)
     overlap: bool = False  # an import that runs in the background while the next steps go on
+    first_use: bool = False  # an import a library makes on its first use: after the GPU work
     # what to do, for the warm-up (not shown)
     module: str = ""
     names: tuple[str, ...] = ()
@@ -103,6 +114,8 @@ class Plan:
     gpu: bool = True  # False: import only (no CUDA, no GPU memory)
     gpu_blocked: str = ""  # why the GPU work is not done before the notebook's own set-up
     stopped: str = ""  # why the imports stop early
+    workers: str | None = None  # the notebook's `%gpu workers start ARGS`: ARGS (None: it starts none)
+    workers_where: str = ""  # its line
     steps: list[Step] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -121,6 +134,9 @@ class Plan:
             head += f": {self.reading}"
         out = [head]
         out += [f"  {s.line()}" for s in self.steps]
+        if self.workers is not None:
+            out.append(f"  note: the notebook starts workers ({self.workers_where}): gpuctx prepares them ahead "
+                       "(imports only, no GPU memory); `%gpu workers` says how far")
         for extra in (self.gpu_blocked, self.stopped, *self.notes):
             if extra:
                 out.append(f"  note: {extra}")
@@ -230,6 +246,9 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     used = {fw: (str(w), w.code) for fw, w in facts.frameworks.items()}
     plan.frameworks = [f for f in NOTEBOOK_FRAMEWORKS if f in used]
     _setup_and_imports(plan, facts.events, path, deny, max_imports, environ, cwd, apply_setup=not typed)
+    workers = next((ev for ev in facts.events if ev.kind == "workers"), None)
+    if workers is not None and not typed:  # typed cells may never run as they stand: nothing starts for them
+        plan.workers, plan.workers_where = workers.device, str(workers.where)
     if not plan.frameworks:
         if facts.magics is None:
             plan.reading += "; no GPU framework used"
@@ -293,7 +312,8 @@ def order_by_need(plan: Plan, first_gpu_cell: int | None) -> None:
     """The steps in the order the notebook's cells need them: set-up; the imports of the cells up to
     the first GPU cell; CUDA on the notebook's device and what a first GPU cell runs; training;
     precisions and other work; then the later cells' imports. torch._dynamo, where the notebook
-    trains, is imported in the background right after torch."""
+    trains, is imported in the background right after torch; what a library imports on its first use
+    comes after the training steps."""
     steps = plan.steps
 
     def late(s: Step) -> bool:
@@ -301,7 +321,8 @@ def order_by_need(plan: Plan, first_gpu_cell: int | None) -> None:
         return first_gpu_cell is not None and cell is not None and cell > first_gpu_cell and not s.framework
 
     setup = [s for s in steps if s.kind == "setup"]
-    imports = [s for s in steps if s.kind in ("import", "framework")]
+    first_use = [s for s in steps if s.first_use]
+    imports = [s for s in steps if s.kind in ("import", "framework") and not s.first_use]
     early, later = [s for s in imports if not late(s)], [s for s in imports if late(s)]
     work = [s for s in steps if s.kind in ("gpu", "cpu")]
     first = [s for s in work if s.op in _FIRST_WORK]
@@ -314,7 +335,7 @@ def order_by_need(plan: Plan, first_gpu_cell: int | None) -> None:
                       module="torch._dynamo", framework="torch", overlap=True,
                       detail="what an optimizer's first use imports, in the background")
         early.insert(len(early) if torch_import is None else torch_import + 1, dynamo)
-    plan.steps = setup + early + first + training + rest + later
+    plan.steps = setup + early + first + training + first_use + rest + later
 
 
 
@@ -400,8 +421,19 @@ def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports,
                 ok, why = installed_outside(ev.module, nb_dir, cwd)
                 if ok:
                     warm_imports += 1
+                    _first_use(plan, step, seen, deny)
                 else:
                     step.state, step.detail = "skipped", why
+
+
+def _first_use(plan: Plan, step: Step, seen: set, deny) -> None:
+    """The imports `step`'s library makes on its first use (FIRST_USE), where installed."""
+    for module, names, why in FIRST_USE.get(step.module, ()):
+        if module in seen or denied(module, deny) or not _find(module):
+            continue
+        seen.add(module)
+        plan.add(Step("import", f"from {module} import {', '.join(names)}" if names else f"import {module}",
+                      where=step.where, code=step.code, module=module, names=names, detail=why, first_use=True))
 
 
 def _env_step(plan: Plan, ev: Event, environ, before_imports: bool, apply: bool = True) -> None:

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Where a warmed kernel's first run of a cell still spends its time, beside the second run.
+
+    python3 scripts/probe-first-cell.py NOTEBOOK [--cell N] [--top 25] [--json OUT.json]
+
+In one fresh process: the notebook's cells before cell N run (default: the last code cell), the
+warm-up the notebook's plan asks for runs to its end (kernel/warm/, as in a server-started kernel),
+then cell N runs twice under cProfile. Prints both times and the functions whose cumulative time
+differs most between the first run and the second: what the warm-up leaves for the first run
+(for #24, lightning's first Trainer.fit). Runs on a GPU machine or a CPU one.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def cells(path: str) -> list[str]:
+    with open(path) as fh:
+        nb = json.load(fh)
+    return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def profiled(code, ns) -> tuple[float, dict]:
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    exec(code, ns)
+    prof.disable()
+    took = time.perf_counter() - t0
+    sync(ns)
+    stats = pstats.Stats(prof)
+    return took, {f"{os.path.basename(k[0])}:{k[1]}({k[2]})": v[3] for k, v in stats.stats.items()}
+
+
+def sync(ns) -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("notebook")
+    ap.add_argument("--cell", type=int, default=-1, help="index among the code cells (default: the last)")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-warm", action="store_true", help="skip the warm-up (the cold first run)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sources = cells(args.notebook)
+    target = sources[args.cell]
+    before = sources[:args.cell % len(sources)]
+    ns = {"__name__": "__main__"}
+    t0 = time.perf_counter()
+    warm_s = 0.0
+    if not args.no_warm:
+        from gpuctx_jupyter.kernel.warm import plan as plans
+        from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+
+        warmer = Warmer()
+        warmer.start_plan(lambda: plans.derive(os.path.abspath(args.notebook)), source="probe")
+        state = warmer.wait(timeout=300)
+        warm_s = time.perf_counter() - t0
+        print(f"warm-up: {state.state} in {warm_s:.2f} s")
+        for line in warmer.plan_lines():
+            print("  ", line)
+    for src in before:
+        exec(compile(src, "<cell>", "exec"), ns)
+    sync(ns)
+    code = compile(target, "<cell>", "exec")
+    first_s, first = profiled(code, ns)
+    second_s, second = profiled(code, ns)
+    print(f"first run {first_s * 1e3:.0f} ms (profiled), second {second_s * 1e3:.0f} ms")
+    diff = sorted(((first[k] - second.get(k, 0.0), k, first[k]) for k in first), reverse=True)[:args.top]
+    print(f"{'first - second (ms)':>20} {'first (ms)':>10}  function")
+    for d, k, f in diff:
+        print(f"{d * 1e3:20.1f} {f * 1e3:10.1f}  {k}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"notebook": args.notebook, "warm_s": warm_s, "first_s": first_s, "second_s": second_s,
+                       "diff": [{"ms": d * 1e3, "function": k, "first_ms": f * 1e3} for d, k, f in diff]}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
