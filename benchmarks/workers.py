@@ -9,6 +9,9 @@ timed. Rank 0 reports when its first step finished and its steps/s. Cases, in th
 
   %gpu workers      a real ipykernel: `%gpu workers start all` (→ ready), then a `%%on_gpu all`
                     cell calling train (→ first step), then the same cell again
+  … prepared        a kernel started as the server's hook starts it for a notebook holding the
+                    line: gpuctx prepares the workers once it has read the notebook; the line
+                    runs `--read` s after the kernel's start (10: the user reads; 0: Run All)
   notebook_launcher a real ipykernel that has imported torch (no CUDA): accelerate's
                     notebook_launcher(train, num_processes=N), twice (each call starts new processes)
   torchrun          `python -m torch.distributed.run --standalone --nproc_per_node N` on a script
@@ -104,26 +107,49 @@ def ok(r, what: str):
     return r
 
 
-def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str) -> list[dict]:
-    km, kc = kernels.start(env={"GPUCTX_WARM": "0"}, cwd=tmp)
+def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float | None = None) -> list[dict]:
+    """`%gpu workers start` then the loop. `read_s` None: a kernel that loads gpuctx by hand, no
+    warm-up (the workers start when the line runs). Else a kernel started as the server's hook
+    starts it for a notebook holding the line (gpuctx prepares the workers), the line run
+    `read_s` s after the kernel is ready: the user reading first, or Run All (0)."""
+    which = f"{n} --cpu" if cpu else "all" if n == len(inventory.take().devices) else str(n)
+    if read_s is None:
+        km, kc = kernels.start(env={"GPUCTX_WARM": "0"}, cwd=tmp)
+        prefix, labels = "%gpu workers", ("first cell", "the cell again")
+    else:
+        folder = os.path.join(tmp, f"prepared-{read_s:g}")
+        os.makedirs(folder)
+        path = os.path.join(folder, "train.ipynb")
+        cells = [f"%gpu workers start {which}", "import torch\nimport torch.distributed as dist",
+                 "%%on_gpu all\n" + LOOP]
+        with open(path, "w") as fh:
+            json.dump({"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [],
+                                  "execution_count": None} for c in cells],
+                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, fh)
+        opened = time.time()
+        km, kc = kernels.start(env={"JPY_SESSION_NAME": path, "GPUCTX_WARM": "auto",
+                                    "GPUCTX_WARM_SOURCE": "server hook"}, extra_arguments=["--ext=gpuctx"], cwd=folder)
+        prefix, labels = f"%gpu workers, prepared, line run {read_s:g} s after open", ("first cell",)
+        time.sleep(max(0.0, opened + read_s - time.time()))  # the user reading (from the kernel's start)
     rows = []
     try:
-        ok(kernels.run(kc, "%load_ext gpuctx"), "load")
-        which = f"{n} --cpu" if cpu else "all" if n == len(inventory.take().devices) else str(n)
+        if read_s is None:
+            ok(kernels.run(kc, "%load_ext gpuctx"), "load")
         t0 = time.time()
         start = ok(kernels.run(kc, f"%gpu workers start {which}", timeout=600), "%gpu workers start")
         ready = time.time() - t0
         print(start.stdout.strip().splitlines()[-1])
-        for label in ("%gpu workers: first cell", "%gpu workers: the cell again"):
-            out = os.path.join(tmp, f"ours-{len(rows)}.json")
+        for label in labels:
+            out = os.path.join(tmp, f"ours-{read_s}-{len(rows)}.json")
             sent = time.time()
             cell = "%%on_gpu all\n" + LOOP + f"\nrate = train({sent}, {steps}, {out!r}, **{size!r})"
             ok(kernels.run(kc, cell, timeout=600), label)
             r = report(out)
-            row = {"case": label, "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"],
+            row = {"case": f"{prefix}: {label}", "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"],
                    "world": r["world"], "device": r["device"]}
             if not rows:
-                row.update(ready_s=ready, start_to_first_step_s=r["first_step_at"] - t0)
+                row.update(ready_s=ready, start_to_first_step_s=r["first_step_at"] - t0,
+                           ready_line=start.stdout.strip().splitlines()[-1])
             rows.append(row)
         kernels.run(kc, "%gpu workers stop", timeout=120)
     finally:
@@ -204,6 +230,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, help="number of ranks (default: every visible GPU; 2 on the CPU)")
     parser.add_argument("--cpu", action="store_true", help="CPU workers with gloo, also where GPUs are visible")
     parser.add_argument("--steps", type=int, help="timed steps (default 200 on GPUs, 30 on the CPU)")
+    parser.add_argument("--read", type=float, nargs="*", default=[10.0, 0.0],
+                        help="prepared cases: seconds from the kernel's start to the line (default 10 and 0)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     gpus = len(inventory.take().devices)
@@ -216,6 +244,8 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpuctx-bench-workers-") as tmp:
         rows += ours(n, cpu, steps, size, tmp)
+        for read_s in args.read:
+            rows += ours(n, cpu, steps, size, tmp, read_s=read_s)
         rows += accelerate_case(n, steps, size, tmp)
         rows += torchrun_case(n, steps, size, tmp)
     info = machine()
@@ -224,10 +254,10 @@ def main() -> int:
           "per rank")
     print(table(rows))
     torchrun = next((r for r in rows if r["case"] == "torchrun"), None)
-    first = rows[0]
     if torchrun:
-        print(f"\n%gpu workers: ready {first['ready_s']:.2f} s, first DDP step {first['first_step_s']:.2f} s after "
-              f"the cell was sent; steps/s {first['steps_per_s'] / torchrun['steps_per_s']:.1%} of torchrun's")
+        for r in (x for x in rows if "ready_s" in x):
+            print(f"\n{r['case'].rsplit(':', 1)[0]}: ready {r['ready_s']:.2f} s, first DDP step {r['first_step_s']:.2f} s "
+                  f"after the cell was sent; steps/s {r['steps_per_s'] / torchrun['steps_per_s']:.1%} of torchrun's")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": info, "workers": n, "cpu": cpu, "steps": steps, "size": size, "rows": rows}, fh,

@@ -46,11 +46,24 @@ def load(ip) -> KernelState:
     kernel_view.register(ip, st, on_adopt=lambda previous: start.after_adoption(st, ip, previous))
     suspend.install(ip, st)  # restores a suspended kernel before any request of the user's
     setattr(ip, state.ATTR, st)
+    st.warmer.on_plan = lambda plan: _prepare_workers(st, ip, plan)
     at_start = _at_kernel_start(ip)
     if at_start:
         _let_the_notebook_load_quietly(ip)
     start.start_from_config(st, ip, GpuWarmup(parent=ip), defer=at_start)
     return st
+
+
+def _prepare_workers(st: KernelState, ip, plan) -> None:
+    """The notebook starts workers (`%gpu workers start ARGS`): start them ahead, imports only,
+    so that the line finds them registered and imported (kernel/workers.py, prepare_for)."""
+    if plan.workers is None:
+        return
+    if st.workers is None:
+        from .workers import GpuWorkers
+
+        st.workers = GpuWorkers(parent=ip)
+    st.workers.prepare_for(plan.workers, plan.workers_where)
 
 
 def _at_kernel_start(ip) -> bool:

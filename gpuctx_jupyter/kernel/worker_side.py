@@ -32,7 +32,7 @@ from ..contract import SESSION
 ENV_PARENT = "GPUCTX_WORKER_PARENT"  # "pid:start time:boot id" of the kernel: the worker ends with it
 ENV_RANK = "GPUCTX_WORKER_RANK"  # the rank, for the engines the kernel starts itself
 ENV_PLACE = "GPUCTX_WORKER_PLACE"  # "gpu" or "cpu": engines a launcher starts choose their own GPU
-ENV_WARM = "GPUCTX_WORKER_WARM"  # "0": no warm-up
+ENV_WARM = "GPUCTX_WORKER_WARM"  # "0": no warm-up; "prepare": imports only (at low priority) until boot()
 ENV_FOLDER = "GPUCTX_WORKER_FOLDER"  # the controller's: the private profile folder to remove at the end
 TRAINING_OPS = ("backward", "optimizer")  # workers train: warm a backward and an optimizer step too
 # What MPI and Slurm tell a process about its place on its host, in the order they are tried.
@@ -171,9 +171,11 @@ def place(kind: str) -> None:
 
 
 # -- warming up ----------------------------------------------------------------------------------
-def start_warm() -> None:
+def start_warm(prepare: bool = False) -> None:
     """The notebook's warm plan (what its cells run first) with a training step, on this
-    worker's GPU, in a background thread (kernel/warm/scheduler.Warmer)."""
+    worker's GPU, in a background thread (kernel/warm/scheduler.Warmer). `prepare`: a worker
+    started ahead of the notebook's `%gpu workers start` line: its imports only, at the lowest
+    CPU priority (the user's cells come first), no CUDA; boot() does the rest."""
     global _warmer
     from .warm import plan as notebook_plan
     from .warm.scheduler import Warmer
@@ -183,10 +185,22 @@ def start_warm() -> None:
     def make_plan():
         plan = notebook_plan.derive(path, extra_ops=TRAINING_OPS)
         plan.devices, plan.device_where = [], ""  # a worker sees its one GPU as cuda:0
+        if prepare:
+            plan.gpu = False
         return plan
 
     _warmer = Warmer()
-    _warmer.start_plan(make_plan, device=0, source="gpuctx workers")
+    _warmer.nice = prepare
+    _warmer.start_plan(make_plan, device=0, source="gpuctx workers (prepared)" if prepare else "gpuctx workers")
+
+
+def take_environment(update: dict, removed: list) -> None:
+    """The kernel's environment as it is when prepared workers are adopted: what the notebook
+    set or removed after they started (variables read at import time never come here: the
+    kernel starts new workers for those)."""
+    os.environ.update(update)
+    for name in removed:
+        os.environ.pop(name, None)
 
 
 def main(argv: list[str]) -> None:
@@ -202,7 +216,7 @@ def main(argv: list[str]) -> None:
         if os.environ.get(ENV_PLACE):
             place(os.environ[ENV_PLACE])
         if os.environ.get(ENV_WARM, "1") != "0":
-            start_warm()
+            start_warm(prepare=os.environ.get(ENV_WARM) == "prepare")
         from ipyparallel.engine.app import main as run
     else:
         from ipyparallel.controller.app import main as run
@@ -249,8 +263,16 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     warm = ""  # the warm-up's summary
     if _warmer is not None:
         status = _warmer.wait()
+        if os.environ.get(ENV_WARM) == "prepare":  # imports done ahead: now CUDA and the training steps
+            phases["imports (prepared ahead)"] = status.total or 0.0
+            os.environ[ENV_WARM] = "1"
+            t = time.perf_counter()
+            start_warm()
+            status = _warmer.wait()
+            phases["warm-up"] = time.perf_counter() - t
+        else:
+            phases["warm-up"] = status.total or (time.perf_counter() - t0)  # it ran beside the engine's start
         warm = status.summary()
-        phases["warm-up"] = status.total or (time.perf_counter() - t0)  # it ran beside the engine's start
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(local_world_size), MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     t = time.perf_counter()

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from IPython.core.error import UsageError
 from IPython.display import display
-from traitlets import Float, Int
+from traitlets import Bool, Float, Int
 from traitlets.config import Configurable
 
-from ..core import inventory
+from ..core import host_memory, inventory
 from ..core.devices import SpecError, VisibleDevice, parse_spec
 from ..core.procs import descendants, ns_pids
 from . import worker_processes, worker_side
@@ -45,6 +45,12 @@ log = logging.getLogger("gpuctx.workers")
 # ipyparallel's own messages (each engine's output when it stops, at WARNING; its clean-up, at
 # ERROR) would land in the cell: gpuctx reports what went wrong itself, in one line.
 log.setLevel(logging.CRITICAL)
+PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dynamo and ipyparallel imported)
+# The kernel's environment changed since the workers were prepared, in a variable read when a
+# library is imported or CUDA starts: the prepared workers (imports done) would not see it, so new
+# ones start. Other changes are applied to the prepared workers' os.environ as they are adopted.
+IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
+                   "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
 
 
@@ -90,6 +96,23 @@ class Worker:
         return f"rank {self.rank} · {self.device}"
 
 
+@dataclass
+class Prepared:
+    """Workers started ahead for the notebook's `%gpu workers start ARGS`, before the line runs."""
+
+    args: str  # the notebook's ARGS
+    where: str  # its line, "cell 2, line 1"
+    key: tuple  # what they were started for: GPU UUIDs (or the CPU count), warm
+    environ: dict  # the kernel's environment then
+    cwd: str
+    since: float  # time.time() when they were started
+    on: str  # "cuda:0, cuda:1", "the CPU"
+
+    @property
+    def line(self) -> str:
+        return f"%gpu workers start {self.args}".rstrip()
+
+
 class GpuWorkers(Configurable):
     """This notebook's workers (settable as `c.GpuWorkers.<trait>` in the kernel's config)."""
 
@@ -106,6 +129,18 @@ class GpuWorkers(Configurable):
     failure_grace = Float(
         10.0, help="""Seconds the other ranks get to finish after one rank's cell failed, before they are
         interrupted (in DDP they usually wait in a collective for the rank that failed).""",
+    ).tag(config=True)
+
+    prepare = Bool(
+        True, help="""Start the workers a notebook's `%gpu workers start` line asks for once the kernel has
+        read the notebook, before the line runs: engines registered and the notebook's imports done (at low
+        CPU priority), no CUDA and no GPU memory; the line then only warms CUDA and joins torch.distributed.
+        Local workers only (not --profile); they end with the kernel like any worker.""",
+    ).tag(config=True)
+
+    prepare_memory_share = Float(
+        0.2, help="""Prepared workers start only where their host memory (about 1 GiB each) fits in this share
+        of the memory available to the kernel (its container's limit where one applies).""",
     ).tag(config=True)
 
     result_limit = Int(
@@ -129,6 +164,10 @@ class GpuWorkers(Configurable):
         self._lock = threading.Lock()
         self._atexit = False
         self._registered_in = 0.0
+        self.prepared: Prepared | None = None  # the workers started ahead for the notebook's line
+        self.prepare_note = ""  # why none were, or what became of them
+        self._prepare_thread: threading.Thread | None = None
+        self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
 
     @property
     def running(self) -> bool:
@@ -155,8 +194,10 @@ class GpuWorkers(Configurable):
                              "`%gpu workers stop` first")
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.start_timeout
+        self._await_prepare()
         try:
             if profile:
+                self._drop_prepared("the line asks for ipyparallel profile " + repr(profile))
                 n, place = self._launch_profile(ipp, which, profile, cpu, warm)
                 gpus: tuple = ()
             else:
@@ -166,11 +207,17 @@ class GpuWorkers(Configurable):
                     print(f"gpuctx: {placement.note}")
             where = ", ".join(f"cuda:{d.ordinal}" for d in gpus) if gpus else (
                 f"the hosts of profile {profile!r}" if profile else "the CPU")
-            print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where} …", flush=True)
-            if not profile:
+            adopted = not profile and self._adopt(self._key(gpus, n, warm))
+            print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where}"
+                  + (f" (prepared {time.time() - adopted.since:.0f} s ago for {adopted.where}: imports done)"
+                     if adopted else "") + " …", flush=True)
+            if not profile and not adopted:
                 self._launch_local(ipp, gpus, n, warm)
             registered = self._wait_registered(n, deadline)
             self._registered_in = time.perf_counter() - t0
+            if adopted and any(self._environ_diff):
+                ar = self.client[:].apply_async(worker_side.take_environment, *self._environ_diff)
+                worker_processes.wait_results([ar], deadline, self, "take the kernel's environment")
             self._identify(registered, place, deadline)
             self._boot(master_addr, warm, deadline)
         except BaseException:
@@ -178,12 +225,110 @@ class GpuWorkers(Configurable):
             raise
         self.ready_in = time.perf_counter() - t0
         self.started = time.time()
+        self.prepared = None
         print(self._ready_line())
+
+    # -- prepared ahead ------------------------------------------------------------------------------
+    def prepare_for(self, args: str, where: str = "") -> bool:
+        """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
+        `where`) asks for: registered, imports done, no CUDA. False when none start (already
+        running or prepared, or turned off)."""
+        if not self.prepare:
+            self.prepare_note = "not prepared ahead (c.GpuWorkers.prepare is off)"
+            return False
+        with self._lock:
+            if self.running or self.cluster is not None or self._prepare_thread is not None:
+                return False
+            self._prepare_thread = threading.Thread(target=self._prepare, args=(args, where),
+                                                    name="gpuctx-workers-prepare", daemon=True)
+            self._prepare_thread.start()
+        return True
+
+    def _prepare(self, text: str, where: str) -> None:
+        line = f"%gpu workers start {text}".rstrip()
+        try:
+            from . import commands as cmds
+
+            args = cmds.parse(cmds.lookup("workers"), ["start", *cmds.split(text)])
+            if args.profile:
+                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: with --profile, ipyparallel's "
+                                     "launchers start the workers when the line runs")
+                return
+            ipp = require_ipyparallel()
+            placement = self._local_placement(args.which, args.cpu, args.share)
+            n = placement.count
+            room = host_memory.available()
+            if room is not None and n * PREPARED_RSS > self.prepare_memory_share * room.available:
+                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: {n} workers need about "
+                                     f"{gib(n * PREPARED_RSS)} of host memory, more than "
+                                     f"{self.prepare_memory_share:.0%} of the {gib(room.available)} available "
+                                     "(c.GpuWorkers.prepare_memory_share)")
+                return
+            warm = not args.no_warm
+            environ, cwd = dict(os.environ), os.getcwd()
+            self._launch_local(ipp, placement.gpus, n, warm, prepared=True)
+            on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
+            self.prepared = Prepared(text, where, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
+            self.prepare_note = ""
+        except UsageError as exc:
+            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
+        except Exception as exc:  # noqa: BLE001 — the line itself starts them then, and says what fails
+            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {type(exc).__name__}: {exc}")
+            self._teardown()
+        finally:
+            if self.prepared is None and self.cluster is not None and not self.running:
+                self._teardown()
+
+    def _await_prepare(self) -> None:
+        thread = self._prepare_thread
+        if thread is not None:
+            thread.join(self.start_timeout)
+            self._prepare_thread = None
+
+    @staticmethod
+    def _key(gpus, n: int, warm: bool) -> tuple:
+        return (tuple(d.record.uuid for d in gpus) if gpus else n, warm)
+
+    def _adopt(self, key: tuple) -> Prepared | None:
+        """The prepared workers, when they are what this start asks for and the kernel's working
+        directory and environment are as they were (changes read at import time are not); else
+        they are stopped (and why is said) and None."""
+        prep = self.prepared
+        if prep is None or self.cluster is None:
+            return None
+        if prep.key != key:
+            self._drop_prepared(f"they were started for `{prep.line}` ({prep.where})")
+            return None
+        if os.getcwd() != prep.cwd:
+            self._drop_prepared(f"the kernel's working directory changed since ({prep.cwd} → {os.getcwd()})")
+            return None
+        now = dict(os.environ)
+        changed = sorted(k for k in set(now) | set(prep.environ) if now.get(k) != prep.environ.get(k))
+        late = [k for k in changed if k.startswith(IMPORT_TIME_ENV)]
+        if late:
+            self._drop_prepared(f"the notebook set {', '.join(late[:4])}{' …' if len(late) > 4 else ''} after they "
+                                "had imported what reads it")
+            return None
+        self._environ_diff = ({k: now[k] for k in changed if k in now}, [k for k in changed if k not in now])
+        return prep
+
+    def _drop_prepared(self, why: str) -> None:
+        if self.prepared is None:
+            return
+        print(f"gpuctx: stopping the workers prepared for `{self.prepared.line}`: {why}; starting new ones", flush=True)
+        self.prepare_note = f"the prepared workers were stopped: {why}"
+        self._teardown()
 
     def stop(self) -> str:
         """Stop every worker and the controller; what was stopped, in one line."""
+        self._await_prepare()
         if not self.running and self.cluster is None:
             return "gpuctx: no workers are running"
+        if not self.running and self.prepared is not None:
+            line = self.prepared.line
+            self._teardown()
+            self.prepare_note = f"the workers prepared for `{line}` were stopped by `%gpu workers stop`"
+            return f"gpuctx: stopped the workers prepared for `{line}` and their ipyparallel controller"
         n = len(self.ranks)
         self._teardown()
         return f"gpuctx: stopped {n} worker{'s' if n != 1 else ''} and their ipyparallel controller"
@@ -210,7 +355,7 @@ class GpuWorkers(Configurable):
     def _ours(self) -> dict[str, str]:
         return {worker_side.ENV_PARENT: worker_side.parent_token()}
 
-    def _launch_local(self, ipp, gpus, n: int, warm: bool) -> None:
+    def _launch_local(self, ipp, gpus, n: int, warm: bool, prepared: bool = False) -> None:
         """The controller and one engine set per worker, each with its own environment: its rank
         and, by UUID, its one GPU. The engines do not wait for the controller's connection info,
         so their imports and warm-up overlap the controller's start."""
@@ -220,7 +365,7 @@ class GpuWorkers(Configurable):
         own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
         cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
-        common = dict(self._ours(), **{worker_side.ENV_WARM: "1" if warm else "0"})
+        common = dict(self._ours(), **{worker_side.ENV_WARM: ("prepare" if prepared else "1") if warm else "0"})
         if n > 1 and "OMP_NUM_THREADS" not in os.environ:
             common["OMP_NUM_THREADS"] = "1"  # as torchrun does: N processes, not N × cores threads
         for rank in range(n):
@@ -292,7 +437,8 @@ class GpuWorkers(Configurable):
     def _wait_registered(self, n: int, deadline: float) -> list[int]:
         """Connect a client and wait until `n` engines have registered; a worker that exits first,
         or the deadline, is a one-line UsageError with the last line the worker wrote."""
-        self.client = self.cluster.connect_client_sync()
+        if self.client is None:
+            self.client = self.cluster.connect_client_sync()
         waiting = self.client.wait_for_engines(n, block=False, timeout=max(1.0, deadline - time.monotonic()),
                                                interactive=False)
         while True:
@@ -397,7 +543,7 @@ class GpuWorkers(Configurable):
             cluster, client, processes = self.cluster, self.client, self._processes
             self.cluster, self.client, self._processes, self.ranks = None, None, [], []
             self.backend = self.rendezvous = self.profile = ""
-            self.started = self.ready_in = None
+            self.started = self.ready_in = self.prepared = None
             private, self._private_profile = self._private_profile, None
         if cluster is not None:
             done = threading.Event()
@@ -523,10 +669,28 @@ class GpuWorkers(Configurable):
         lines.append("`%%on_gpu all` runs a cell on every rank; `%gpu workers stop` ends them")
         return lines
 
+    def prepared_line(self) -> str:
+        """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
+        prep = self.prepared
+        if prep is not None:
+            n = prep.key[0] if isinstance(prep.key[0], int) else len(prep.key[0])
+            return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {n} worker"
+                    f"{'s' if n != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
+                    "no CUDA, no GPU memory — the line adopts them")
+        if self._prepare_thread is not None:
+            return "preparing the workers the notebook's `%gpu workers start` line asks for …"
+        return self.prepare_note
+
     def report(self) -> Report:
         if not self.running:
+            extra = self.prepared_line()
+            prep = self.prepared
             return Report([Section("workers", lines=["none: `%gpu workers start all` starts one per GPU "
-                                                     "(a count for CPU workers)"])], data={"workers": []})
+                                                     "(a count for CPU workers)"] + ([extra] if extra else []))],
+                          data={"workers": [], "prepared": None if prep is None else {
+                              "line": prep.line, "where": prep.where, "since": prep.since, "on": prep.on,
+                              "pids": [p.pid for p in self._processes]},
+                              "prepare_note": self.prepare_note})
         header, rows = self.rows()
         return Report([Section(f"workers ({len(self.ranks)})", header, rows, lines=self.summary_lines())],
                       data={"workers": [w.__dict__ | {"device": w.device} for w in self.ranks],
@@ -539,6 +703,8 @@ class GpuWorkers(Configurable):
             report.sections.append(Section("this notebook's workers", header, rows, lines=self.summary_lines()[:1]))
             report.data["workers"] = [{"rank": w.rank, "device": w.device, "pid": w.pid, "host": w.host}
                                       for w in self.ranks]
+        elif self.prepared_line():
+            report.sections.append(Section("this notebook's workers", lines=[self.prepared_line()]))
         return report
 
     # -- %%on_gpu all ---------------------------------------------------------------------------------

@@ -75,6 +75,8 @@ class Warmer:
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
         self._next: tuple | None = None  # (make_plan(previous), source): the plan to carry out next
         self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
+        self.on_plan = None  # called with each plan once its set-up is applied (the workers it names are prepared)
+        self.nice = False  # the thread yields the CPU to every other (a prepared worker's, a standby's)
 
     @property
     def running(self) -> bool:
@@ -243,7 +245,7 @@ class Warmer:
     # -- the thread -----------------------------------------------------------------------------
     def _run(self, make_plan, device) -> None:
         st = self.status
-        if os.environ.get(STANDBY):  # a standby of the warm pool yields the CPU to every other process
+        if self.nice or os.environ.get(STANDBY):  # a standby of the warm pool yields the CPU to every other process
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread (and its helpers)
             except (OSError, AttributeError):
@@ -290,6 +292,11 @@ class Warmer:
                     step.state = "done"
                 else:
                     step.state, step.detail = "skipped", "the kernel's environment has it already"
+        if self.on_plan is not None:
+            try:
+                self.on_plan(plan)
+            except Exception as exc:  # noqa: BLE001 — what the plan names besides warming never fails it
+                log.warning("gpuctx: after the warm plan: %s: %s", type(exc).__name__, exc)
         missing = sorted({s.framework for s in plan.steps if s.kind == "framework" and s.state == "planned"
                           and s.framework in fws.BY_NAME and not fws.BY_NAME[s.framework].installed()})
         if missing:  # a configured framework this kernel lacks: nothing of the frameworks' part is done

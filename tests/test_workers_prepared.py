@@ -1,0 +1,135 @@
+"""Workers prepared ahead: a kernel whose notebook has a `%gpu workers start` line starts those
+workers once it has read the notebook (imports only, no CUDA), and the line adopts them. Real
+ipykernel processes started as the server's hook starts them, real ipyparallel engines (CPU
+workers on gloo: no GPU in CI)."""
+from __future__ import annotations
+
+import json
+
+import psutil
+import pytest
+
+from .harness import kernels
+from .harness.gpus import NO_GPU
+from .harness.kernels import run
+from .harness.notebooks import notebook
+from .harness.waiting import wait_for
+from .test_workers import WHO, gone, kernel_pid, tree, whos
+
+pytestmark = pytest.mark.timeout(600)
+pytest.importorskip("ipyparallel")
+
+START = "%gpu workers start 2" if NO_GPU else "%gpu workers start 2 --cpu"
+CELLS = [START, "import numpy as np", "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1)])"]
+STATE = ("import json; w = get_ipython()._gpuctx.workers\n"
+         "print(json.dumps(None if w is None else w.report().data, default=str))")
+
+
+def start_kernel(tmp_path, cells=CELLS, config: str = ""):
+    """A kernel for `train.ipynb` as the server's hook starts it: gpuctx loaded at start, the warm-up on."""
+    folder = tmp_path / "work"
+    folder.mkdir(parents=True)
+    notebook(folder / "train.ipynb", cells)
+    env = {"JPY_SESSION_NAME": str(folder / "train.ipynb"), "GPUCTX_WARM": "auto", "GPUCTX_WARM_SOURCE": "server hook"}
+    if config:
+        profile = tmp_path / "ipython" / "profile_default"
+        profile.mkdir(parents=True, exist_ok=True)
+        (profile / "ipython_kernel_config.py").write_text(config)
+        env["IPYTHONDIR"] = str(tmp_path / "ipython")
+    km, kc = kernels.start(env=env, extra_arguments=["--ext=gpuctx"], cwd=str(folder))
+    return km, kc, folder
+
+
+def workers_state(kc) -> dict | None:
+    r = run(kc, STATE)
+    assert r.reply["status"] == "ok", r.text
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def prepared(kc) -> dict:
+    """The prepared workers, once the kernel has started them (their processes, the controller's too)."""
+    def ready():
+        state = workers_state(kc)
+        return state and state.get("prepared") and len(state["prepared"]["pids"]) == 3 and state["prepared"]
+    return wait_for(ready, timeout=120, every=0.3)
+
+
+def processes(pids) -> list[psutil.Process]:
+    return [psutil.Process(p) for p in pids]
+
+
+def test_the_notebooks_start_line_adopts_the_workers_prepared_for_it_and_they_see_its_environment(tmp_path):
+    km, kc, folder = start_kernel(tmp_path)
+    try:
+        prep = prepared(kc)
+        assert prep["line"] == START and prep["where"].startswith("cell 1")
+        listing = run(kc, "%gpu workers").text
+        assert f"prepared for `{START}` (cell 1" in listing and "no CUDA, no GPU memory" in listing
+        assert set(prep["pids"]) <= {p.pid for p in tree(kernel_pid(kc))}  # the kernel's own, ended with it
+        run(kc, "import os; os.environ['GPUCTX_TEST_NOTE'] = 'set by the notebook'")  # read by no import
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok", r.text
+        assert "(prepared" in r.stdout and "for cell 1, line 1: imports done)" in r.stdout, r.stdout
+        assert "gpuctx: 2 workers ready in" in r.stdout and "imports (prepared ahead)" in r.stdout, r.stdout
+        ranks = whos(run(kc, WHO).text)
+        assert {w["pid"] for w in ranks} < set(prep["pids"]) and {w["backend"] for w in ranks} == {"gloo"}
+        notes = run(kc, "%%on_gpu all\nimport os\nos.environ.get('GPUCTX_TEST_NOTE')")
+        assert notes.reply["status"] == "ok" and "set by the notebook" in notes.text, notes.text
+        every = tree(kernel_pid(kc))
+    finally:
+        kernels.stop(km, kc)
+    wait_for(lambda: gone(every), timeout=60)
+
+
+def test_an_import_time_setting_made_after_preparing_gets_new_workers_and_the_old_ones_end(tmp_path):
+    km, kc, _ = start_kernel(tmp_path)
+    try:
+        old = processes(prepared(kc)["pids"])
+        run(kc, "import os; os.environ['TORCH_SHOW_CPP_STACKTRACES'] = '1'")
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok", r.text
+        assert (f"stopping the workers prepared for `{START}`: the notebook set TORCH_SHOW_CPP_STACKTRACES after "
+                "they had imported what reads it; starting new ones") in r.stdout, r.stdout
+        wait_for(lambda: gone(old), timeout=60)
+        ranks = whos(run(kc, WHO).text)
+        assert len(ranks) == 2 and not {w["pid"] for w in ranks} & {p.pid for p in old}
+        seen = run(kc, "%%on_gpu all\nimport os\nos.environ.get('TORCH_SHOW_CPP_STACKTRACES')")
+        assert "'1'" in seen.text, seen.text
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_a_different_count_gets_fresh_workers_and_stop_ends_prepared_ones(tmp_path):
+    km, kc, _ = start_kernel(tmp_path)
+    try:
+        old = processes(prepared(kc)["pids"])
+        one = START.replace("start 2", "start 1")
+        r = run(kc, one, timeout=300)
+        assert r.reply["status"] == "ok", r.text
+        assert f"they were started for `{START}` (cell 1, line 1)" in r.stdout and "1 worker ready in" in r.stdout
+        wait_for(lambda: gone(old), timeout=60)
+        assert "stopped 1 worker" in run(kc, "%gpu workers stop").stdout
+    finally:
+        kernels.stop(km, kc)
+    km, kc, _ = start_kernel(tmp_path / "again")
+    try:
+        old = processes(prepared(kc)["pids"])
+        assert run(kc, "%gpu workers stop").stdout.strip() == (
+            f"gpuctx: stopped the workers prepared for `{START}` and their ipyparallel controller")
+        wait_for(lambda: gone(old), timeout=60)
+        assert "were stopped by `%gpu workers stop`" in run(kc, "%gpu workers").text
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_turned_off_nothing_is_prepared_and_the_listing_says_so(tmp_path):
+    km, kc, _ = start_kernel(tmp_path, config="c.GpuWorkers.prepare = False\n")
+    try:
+        def said():
+            state = workers_state(kc)
+            return state and state["prepare_note"]
+        assert wait_for(said, timeout=120, every=0.3) == "not prepared ahead (c.GpuWorkers.prepare is off)"
+        assert workers_state(kc)["prepared"] is None
+        assert not [p for p in tree(kernel_pid(kc)) if "worker_entry" in " ".join(p.cmdline())]
+    finally:
+        kernels.stop(km, kc)
