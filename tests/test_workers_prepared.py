@@ -46,11 +46,11 @@ def workers_state(kc) -> dict | None:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def prepared(kc) -> dict:
+def prepared(kc, workers: int = 2) -> dict:
     """The prepared workers, once the kernel has started them (their processes, the controller's too)."""
     def ready():
         state = workers_state(kc)
-        return state and state.get("prepared") and len(state["prepared"]["pids"]) == 3 and state["prepared"]
+        return state and state.get("prepared") and len(state["prepared"]["pids"]) == workers + 1 and state["prepared"]
     return wait_for(ready, timeout=120, every=0.3)
 
 

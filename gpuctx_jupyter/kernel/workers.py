@@ -51,6 +51,11 @@ PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dy
 # ones start. Other changes are applied to the prepared workers' os.environ as they are adopted.
 IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
                    "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+# ipyparallel's hub accepts an engine only after its heart monitor has seen the engine's heart in
+# two beats: at its 3 s default that is ~5.7 s of every start, for engines already connected. Ours
+# (local, beside the kernel) beat every 0.5 s and are unregistered after as long a silence as the
+# default's (60 misses, 30 s).
+HEARTBEAT_ARGS = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60")
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
 
 
@@ -361,7 +366,8 @@ class GpuWorkers(Configurable):
         so their imports and warm-up overlap the controller's start."""
         self._private_profile = tempfile.mkdtemp(prefix="gpuctx-workers-")
         cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
-                                    send_engines_connection_env=False)  # no cluster file: nothing to reconnect to
+                                    send_engines_connection_env=False,  # no cluster file: nothing to reconnect to
+                                    controller_args=list(HEARTBEAT_ARGS))
         own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
         cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
