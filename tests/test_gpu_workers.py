@@ -169,24 +169,3 @@ def test_a_server_attributes_the_workers_gpu_memory_to_the_notebook(tmp_path):
     finally:
         srv.stop()
 
-
-def test_workers_prepared_for_the_notebook_hold_no_gpu_memory_until_the_line_adopts_them(tmp_path):
-    from .test_workers_prepared import prepared, start_kernel
-
-    cells = ["%gpu workers start all", "import torch\nimport torch.distributed as dist",
-             "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1, device='cuda')])"]
-    km, kc, _ = start_kernel(tmp_path, cells=cells)
-    try:
-        prep = prepared(kc, workers=len(gpus()))
-        engines = [p for p in prep["pids"] if "engine" in " ".join(psutil.Process(p).cmdline())]
-        assert len(engines) == len(gpus())
-
-        def imported():  # each engine has torch loaded (its maps show libtorch) and no GPU memory
-            return all(any("libtorch" in m.path for m in psutil.Process(p).memory_maps()) for p in engines)
-        wait_for(imported, timeout=180, every=0.5)
-        assert not set(engines) & nvml_pids()
-        r = run(kc, "%gpu workers start all", timeout=600)
-        assert r.reply["status"] == "ok" and "imports done)" in r.stdout and "nccl" in r.stdout, r.text
-        wait_for(lambda: set(engines) <= nvml_pids(), timeout=30)  # the adopted engines, now on their GPUs
-    finally:
-        kernels.stop(km, kc)

@@ -51,7 +51,10 @@ def prepared(kc, workers: int = 2) -> dict:
     def ready():
         state = workers_state(kc)
         return state and state.get("prepared") and len(state["prepared"]["pids"]) == workers + 1 and state["prepared"]
-    return wait_for(ready, timeout=120, every=0.3)
+    try:
+        return wait_for(ready, timeout=120, every=0.3)
+    except AssertionError:
+        raise AssertionError(f"no workers were prepared: {workers_state(kc)}") from None
 
 
 def processes(pids) -> list[psutil.Process]:

@@ -262,6 +262,8 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     t0 = time.perf_counter()
     warm = ""  # the warm-up's summary
     if _warmer is not None:
+        if os.environ.get(ENV_WARM) == "prepare":
+            _hurry()  # the line is waiting now for what is left of the imports
         status = _warmer.wait()
         if os.environ.get(ENV_WARM) == "prepare":  # imports done ahead: now CUDA and the training steps
             phases["imports (prepared ahead)"] = status.total or 0.0
@@ -302,6 +304,21 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     _explain_oom_on_this_worker()
     return {"phases": phases, "warm": warm, "device": str(device), "torch": torch.__version__,
             "backend": dist.get_backend()}
+
+
+def _hurry() -> None:
+    """Every thread of this worker back to its main thread's CPU priority (the prepared imports
+    ran at 19); where raising a priority needs a privilege this process lacks, they stay as they are."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{os.getpid()}/task")]
+        main = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's: its id is the pid
+    except (OSError, AttributeError):
+        return
+    for tid in tids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, main)
+        except (OSError, AttributeError):
+            return
 
 
 def _ddp_step(torch, device) -> None:

@@ -1,0 +1,36 @@
+"""Workers prepared for a notebook on real GPUs (marked `gpu`; scripts/gpu-check.sh runs them): no
+GPU memory while prepared, their GPU once the line adopts them. A module of its own: no other
+notebook's workers hold the GPUs meanwhile (those would be refused, and rightly)."""
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from .harness import kernels
+from .harness.kernels import run
+from .harness.waiting import wait_for
+from .test_gpu_workers import gpus, nvml_pids
+from .test_workers_prepared import prepared, start_kernel
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+pytest.importorskip("ipyparallel")
+
+
+def test_workers_prepared_for_the_notebook_hold_no_gpu_memory_until_the_line_adopts_them(tmp_path):
+    cells = ["%gpu workers start all", "import torch\nimport torch.distributed as dist",
+             "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1, device='cuda')])"]
+    km, kc, _ = start_kernel(tmp_path, cells=cells)
+    try:
+        prep = prepared(kc, workers=len(gpus()))
+        engines = [p for p in prep["pids"] if "engine" in " ".join(psutil.Process(p).cmdline())]
+        assert len(engines) == len(gpus())
+
+        def imported():  # each engine has torch loaded (its maps show libtorch) and no GPU memory
+            return all(any("libtorch" in m.path for m in psutil.Process(p).memory_maps()) for p in engines)
+        wait_for(imported, timeout=180, every=0.5)
+        assert not set(engines) & nvml_pids()
+        r = run(kc, "%gpu workers start all", timeout=600)
+        assert r.reply["status"] == "ok" and "imports done)" in r.stdout and "nccl" in r.stdout, r.text
+        wait_for(lambda: set(engines) <= nvml_pids(), timeout=30)  # the adopted engines, now on their GPUs
+    finally:
+        kernels.stop(km, kc)
