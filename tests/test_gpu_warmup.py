@@ -107,6 +107,25 @@ def test_a_cupy_only_notebook_gets_cupy_warmed_and_no_torch_context(tmp_path):
         stop(km, kc)
 
 
+def test_a_numba_notebook_gets_its_context_and_a_tiny_kernel_and_its_own_kernel_runs(tmp_path):
+    pytest.importorskip("numba")
+    kernel = ("import numpy as np\nfrom numba import cuda\n@cuda.jit\ndef twice(a):\n    i = cuda.grid(1)\n"
+              "    if i < a.size:\n        a[i] *= 2\n")
+    km, kc = notebook_kernel(tmp_path, [kernel, "d = cuda.to_device(np.ones(64, dtype=np.float32))\ntwice[1, 64](d)\n"
+                                                "print(float(d.copy_to_host().sum()))"])
+    try:
+        out = warmed(kc)
+        assert out["status"]["state"] == "done", out
+        steps = {s["name"]: s["state"] for s in out["plan"]["steps"]}
+        assert steps["Numba's context and a tiny @cuda.jit kernel on cuda:0"] == "done", steps
+        assert "torch" not in out["plan"]["frameworks"]
+        assert run(kc, kernel).reply["status"] == "ok"
+        r = run(kc, "d = cuda.to_device(np.ones(64, dtype=np.float32))\ntwice[1, 64](d)\nprint(float(d.copy_to_host().sum()))")
+        assert r.stdout.strip() == "128.0", r.text
+    finally:
+        stop(km, kc)
+
+
 def test_a_training_notebook_gets_backward_and_optimizer_steps_warmed(tmp_path):
     km, kc = notebook_kernel(tmp_path, [
         "import torch\nimport torch.nn as nn\nimport torch.nn.functional as F",

@@ -18,23 +18,11 @@ from .harness import kernels
 from .harness.kernels import run
 from .harness.server import Server
 from .harness.waiting import wait_for
+from .harness.workers import gpus, nvml_pids
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 pytest.importorskip("ipyparallel")
 GIB = 1024**3
-
-
-def gpus() -> list[str]:
-    """The visible GPUs' UUIDs in CUDA order, as NVML reads them (this process never starts CUDA)."""
-    from gpuctx_jupyter.core import inventory
-
-    return [d.record.uuid for d in inventory.take().devices]
-
-
-def nvml_pids() -> set[int]:
-    from gpuctx_jupyter.core import inventory
-
-    return {p.pid for d in inventory.take().devices for p in d.record.processes}
 
 
 def who(r) -> list[dict]:

@@ -9,8 +9,7 @@ import pytest
 from .harness import kernels
 from .harness.kernels import run
 from .harness.waiting import wait_for
-from .test_gpu_workers import gpus, nvml_pids
-from .test_workers_prepared import prepared, start_kernel
+from .harness.workers import gpus, nvml_pids, prepared, start_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 pytest.importorskip("ipyparallel")

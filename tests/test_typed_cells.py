@@ -148,6 +148,23 @@ def test_bad_input_is_refused_with_one_line_and_no_cell_text_in_the_log(server_f
     assert all(line.split("): ", 1)[1].startswith(message) for line, (_k, _s, message) in zip(refusals, cases.values()))
 
 
+def test_a_body_declared_far_over_the_cap_is_refused_before_it_is_sent(server_factory, tmp_path):
+    import http.client
+
+    srv = server_factory()
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    url = urllib.parse.urlsplit(srv.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    conn.putrequest("PUT", f"{url.path.rstrip('/')}/gpuctx/api/kernels/{kid}/cells")
+    conn.putheader("Authorization", f"token {srv.token}")
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(10**9))  # a gigabyte announced, none of it sent
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["message"].startswith("the body is 1000000000 bytes")
+    conn.close()
+
+
 def test_kernels_that_do_not_warm_refuse_typed_cells_with_the_reason(server_factory, tmp_path):
     name = new_notebook(tmp_path)
     never = server_factory("--GpuctxServer.warm_policy=never")

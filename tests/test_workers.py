@@ -3,12 +3,10 @@ workers on gloo (no GPU here). The module's kernel keeps its workers from test t
 tests that end them come last and start new ones."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 
-import psutil
 import pytest
 
 from .harness import kernels
@@ -16,50 +14,13 @@ from .harness.gpus import NO_GPU
 from .harness.kernels import reply_to, run, wait_idle
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
+from .harness.workers import WHO, gone, kernel_pid, private_folder, tree, whos
 
 pytestmark = pytest.mark.timeout(600)
 pytest.importorskip("ipyparallel")
 
 # Two CPU workers: a count where no GPU is visible (CI), --cpu where one is (the GPU machine)
 START = "%gpu workers start 2" if NO_GPU else "%gpu workers start 2 --cpu"
-# Every worker's view of itself, printed as JSON on its own line (names stay on the workers).
-WHO = ("%%on_gpu all\nimport json, os, socket\nimport torch, torch.distributed as dist\n"
-       "me = {k: os.environ.get(k) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', "
-       "'MASTER_PORT', 'CUDA_VISIBLE_DEVICES')}\n"
-       "me.update(pid=os.getpid(), cwd=os.getcwd(), backend=dist.get_backend(), rank=dist.get_rank(), "
-       "initialized=dist.is_initialized(), host=socket.gethostname())\n"
-       "print('WHO ' + json.dumps(me))")
-
-
-def whos(text: str) -> list[dict]:
-    return [json.loads(line.split("WHO ", 1)[1]) for line in text.splitlines() if "WHO {" in line]
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    return psutil.Process(pid).children(recursive=True)
-
-
-def gone(procs) -> bool:
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
-
-
-def private_folder(kc) -> str:
-    """The ipyparallel profile folder gpuctx made for the kernel's workers (removed with them)."""
-    folder = run(kc, "print(get_ipython()._gpuctx.workers._private_profile)").stdout.strip()
-    assert os.path.isdir(folder)
-    return folder
-
-
-def kernel_pid(kc) -> int:
-    return int(run(kc, "import os; print(os.getpid())").stdout)
-
-
 @pytest.fixture(scope="module")
 def workers_kernel(tmp_path_factory):
     """A real kernel in its own folder with gpuctx loaded and two CPU workers started, for a

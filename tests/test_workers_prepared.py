@@ -4,61 +4,24 @@ ipykernel processes started as the server's hook starts them, real ipyparallel e
 workers on gloo: no GPU in CI)."""
 from __future__ import annotations
 
-import json
-
-import psutil
 import pytest
 
 from .harness import kernels
 from .harness.gpus import NO_GPU
 from .harness.kernels import run
-from .harness.notebooks import notebook
 from .harness.waiting import wait_for
-from .test_workers import WHO, gone, kernel_pid, tree, whos
+from .harness.workers import WHO, gone, kernel_pid, prepared, processes, tree, whos, workers_state
+from .harness.workers import start_kernel as start_for
 
 pytestmark = pytest.mark.timeout(600)
 pytest.importorskip("ipyparallel")
 
 START = "%gpu workers start 2" if NO_GPU else "%gpu workers start 2 --cpu"
 CELLS = [START, "import numpy as np", "%%on_gpu all\nimport torch\nopt = torch.optim.AdamW([torch.zeros(1)])"]
-STATE = ("import json; w = get_ipython()._gpuctx.workers\n"
-         "print(json.dumps(None if w is None else w.report().data, default=str))")
 
 
-def start_kernel(tmp_path, cells=CELLS, config: str = ""):
-    """A kernel for `train.ipynb` as the server's hook starts it: gpuctx loaded at start, the warm-up on."""
-    folder = tmp_path / "work"
-    folder.mkdir(parents=True)
-    notebook(folder / "train.ipynb", cells)
-    env = {"JPY_SESSION_NAME": str(folder / "train.ipynb"), "GPUCTX_WARM": "auto", "GPUCTX_WARM_SOURCE": "server hook"}
-    if config:
-        profile = tmp_path / "ipython" / "profile_default"
-        profile.mkdir(parents=True, exist_ok=True)
-        (profile / "ipython_kernel_config.py").write_text(config)
-        env["IPYTHONDIR"] = str(tmp_path / "ipython")
-    km, kc = kernels.start(env=env, extra_arguments=["--ext=gpuctx"], cwd=str(folder))
-    return km, kc, folder
-
-
-def workers_state(kc) -> dict | None:
-    r = run(kc, STATE)
-    assert r.reply["status"] == "ok", r.text
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def prepared(kc, workers: int = 2) -> dict:
-    """The prepared workers, once the kernel has started them (their processes, the controller's too)."""
-    def ready():
-        state = workers_state(kc)
-        return state and state.get("prepared") and len(state["prepared"]["pids"]) == workers + 1 and state["prepared"]
-    try:
-        return wait_for(ready, timeout=120, every=0.3)
-    except AssertionError:
-        raise AssertionError(f"no workers were prepared: {workers_state(kc)}") from None
-
-
-def processes(pids) -> list[psutil.Process]:
-    return [psutil.Process(p) for p in pids]
+def start_kernel(tmp_path, config: str = ""):
+    return start_for(tmp_path, CELLS, config=config)
 
 
 def test_the_notebooks_start_line_adopts_the_workers_prepared_for_it_and_they_see_its_environment(tmp_path):

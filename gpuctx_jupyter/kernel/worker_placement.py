@@ -121,3 +121,39 @@ def check_free(gpus, inv: inventory.Inventory) -> None:
     hint = (f"choose free GPUs (`%gpu workers start {named}`) or add --share" if free
             else "free it first, or add --share to use it anyway")
     raise UsageError(one_line(f"cuda:{dev.ordinal} ({dev.record.name}) is in use by {who}{more}: {hint}"))
+
+
+# -- the ranks a `%%on_gpu 0,1` cell names -------------------------------------------------------------
+def select_ranks(ranks: list, spec: str) -> list:
+    """The workers (kernel/workers.py's Worker) that `%%on_gpu SPEC` names: all of them, or those
+    on the GPUs named as this notebook numbers them (for CPU or remote workers, numbers are ranks)."""
+    if spec.strip().lower() == "all":
+        return list(ranks)
+    chosen: list = []
+    for item in (s.strip() for s in spec.split(",")):
+        w = _named(ranks, item)
+        if w in chosen:
+            raise UsageError(f"{item!r} names rank {w.rank} twice in {spec!r}")
+        chosen.append(w)
+    return chosen
+
+
+def _named(ranks: list, item: str):
+    from ..core.devices import GpuRecord
+
+    listing = ", ".join(w.label for w in ranks)
+    if not item:
+        raise UsageError("an empty entry in the list: name workers separated by commas, like `0,1`")
+    on_gpus = [w for w in ranks if w.ordinal is not None]
+    if on_gpus and len(on_gpus) == len(ranks):
+        visible = tuple(VisibleDevice(w.ordinal, GpuRecord(nvml_index=-1, uuid=w.uuid, name=w.gpu_name))
+                        for w in on_gpus)
+        try:
+            dev = parse_spec(item, visible)
+        except SpecError:
+            raise UsageError(one_line(f"no worker runs on {item!r}: the workers are {listing}")) from None
+        return next(w for w in on_gpus if w.ordinal == dev.ordinal)
+    number = item.removeprefix("rank")
+    if COUNT.fullmatch(number) and int(number) < len(ranks):
+        return ranks[int(number)]
+    raise UsageError(one_line(f"no rank {item!r}: the workers are {listing} (name ranks by number)"))

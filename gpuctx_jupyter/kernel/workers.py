@@ -29,28 +29,21 @@ from dataclasses import dataclass, field
 
 from IPython.core.error import UsageError
 from IPython.display import display
-from traitlets import Bool, Float, Int
-from traitlets.config import Configurable
+from traitlets import Float, Int
 
-from ..core import host_memory, inventory
-from ..core.devices import SpecError, VisibleDevice, parse_spec
+from ..core import inventory
 from ..core.procs import descendants, ns_pids
 from . import worker_processes, worker_side
 from .commands import one_line
 from .render import Report, Section, ago, gib
-from .worker_placement import COUNT, Placement, check_free, choose
+from .worker_placement import Placement, check_free, choose, select_ranks
+from .worker_prepare import Preparing
 from .worker_processes import ENTRY
 
 log = logging.getLogger("gpuctx.workers")
 # ipyparallel's own messages (each engine's output when it stops, at WARNING; its clean-up, at
 # ERROR) would land in the cell: gpuctx reports what went wrong itself, in one line.
 log.setLevel(logging.CRITICAL)
-PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dynamo and ipyparallel imported)
-# The kernel's environment changed since the workers were prepared, in a variable read when a
-# library is imported or CUDA starts: the prepared workers (imports done) would not see it, so new
-# ones start. Other changes are applied to the prepared workers' os.environ as they are adopted.
-IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
-                   "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 # ipyparallel's hub accepts an engine only after its heart monitor has seen the engine's heart in
 # two beats: at its 3 s default that is ~5.7 s of every start, for engines already connected. Ours
 # (local, beside the kernel) beat every 0.5 s and are unregistered after as long a silence as the
@@ -101,24 +94,7 @@ class Worker:
         return f"rank {self.rank} · {self.device}"
 
 
-@dataclass
-class Prepared:
-    """Workers started ahead for the notebook's `%gpu workers start ARGS`, before the line runs."""
-
-    args: str  # the notebook's ARGS
-    where: str  # its line, "cell 2, line 1"
-    key: tuple  # what they were started for: GPU UUIDs (or the CPU count), warm
-    environ: dict  # the kernel's environment then
-    cwd: str
-    since: float  # time.time() when they were started
-    on: str  # "cuda:0, cuda:1", "the CPU"
-
-    @property
-    def line(self) -> str:
-        return f"%gpu workers start {self.args}".rstrip()
-
-
-class GpuWorkers(Configurable):
+class GpuWorkers(Preparing):
     """This notebook's workers (settable as `c.GpuWorkers.<trait>` in the kernel's config)."""
 
     start_timeout = Float(
@@ -134,18 +110,6 @@ class GpuWorkers(Configurable):
     failure_grace = Float(
         10.0, help="""Seconds the other ranks get to finish after one rank's cell failed, before they are
         interrupted (in DDP they usually wait in a collective for the rank that failed).""",
-    ).tag(config=True)
-
-    prepare = Bool(
-        True, help="""Start the workers a notebook's `%gpu workers start` line asks for once the kernel has
-        read the notebook, before the line runs: engines registered and the notebook's imports done (at low
-        CPU priority), no CUDA and no GPU memory; the line then only warms CUDA and joins torch.distributed.
-        Local workers only (not --profile); they end with the kernel like any worker.""",
-    ).tag(config=True)
-
-    prepare_memory_share = Float(
-        0.2, help="""Prepared workers start only where their host memory (about 1 GiB each) fits in this share
-        of the memory available to the kernel (its container's limit where one applies).""",
     ).tag(config=True)
 
     result_limit = Int(
@@ -169,10 +133,7 @@ class GpuWorkers(Configurable):
         self._lock = threading.Lock()
         self._atexit = False
         self._registered_in = 0.0
-        self.prepared: Prepared | None = None  # the workers started ahead for the notebook's line
-        self.prepare_note = ""  # why none were, or what became of them
-        self._prepare_thread: threading.Thread | None = None
-        self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
+        self._init_prepared()
 
     @property
     def running(self) -> bool:
@@ -232,97 +193,6 @@ class GpuWorkers(Configurable):
         self.started = time.time()
         self.prepared = None
         print(self._ready_line())
-
-    # -- prepared ahead ------------------------------------------------------------------------------
-    def prepare_for(self, args: str, where: str = "") -> bool:
-        """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
-        `where`) asks for: registered, imports done, no CUDA. False when none start (already
-        running or prepared, or turned off)."""
-        if not self.prepare:
-            self.prepare_note = "not prepared ahead (c.GpuWorkers.prepare is off)"
-            return False
-        with self._lock:
-            if self.running or self.cluster is not None or self._prepare_thread is not None:
-                return False
-            self._prepare_thread = threading.Thread(target=self._prepare, args=(args, where),
-                                                    name="gpuctx-workers-prepare", daemon=True)
-            self._prepare_thread.start()
-        return True
-
-    def _prepare(self, text: str, where: str) -> None:
-        line = f"%gpu workers start {text}".rstrip()
-        try:
-            from . import commands as cmds
-
-            args = cmds.parse(cmds.lookup("workers"), ["start", *cmds.split(text)])
-            if args.profile:
-                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: with --profile, ipyparallel's "
-                                     "launchers start the workers when the line runs")
-                return
-            ipp = require_ipyparallel()
-            placement = self._local_placement(args.which, args.cpu, args.share)
-            n = placement.count
-            room = host_memory.available()
-            if room is not None and n * PREPARED_RSS > self.prepare_memory_share * room.available:
-                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: {n} workers need about "
-                                     f"{gib(n * PREPARED_RSS)} of host memory, more than "
-                                     f"{self.prepare_memory_share:.0%} of the {gib(room.available)} available "
-                                     "(c.GpuWorkers.prepare_memory_share)")
-                return
-            warm = not args.no_warm
-            environ, cwd = dict(os.environ), os.getcwd()
-            self._launch_local(ipp, placement.gpus, n, warm, prepared=True)
-            on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
-            self.prepared = Prepared(text, where, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
-            self.prepare_note = ""
-        except UsageError as exc:
-            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
-        except Exception as exc:  # noqa: BLE001 — the line itself starts them then, and says what fails
-            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {type(exc).__name__}: {exc}")
-            self._teardown()
-        finally:
-            if self.prepared is None and self.cluster is not None and not self.running:
-                self._teardown()
-
-    def _await_prepare(self) -> None:
-        thread = self._prepare_thread
-        if thread is not None:
-            thread.join(self.start_timeout)
-            self._prepare_thread = None
-
-    @staticmethod
-    def _key(gpus, n: int, warm: bool) -> tuple:
-        return (tuple(d.record.uuid for d in gpus) if gpus else n, warm)
-
-    def _adopt(self, key: tuple) -> Prepared | None:
-        """The prepared workers, when they are what this start asks for and the kernel's working
-        directory and environment are as they were (changes read at import time are not); else
-        they are stopped (and why is said) and None."""
-        prep = self.prepared
-        if prep is None or self.cluster is None:
-            return None
-        if prep.key != key:
-            self._drop_prepared(f"they were started for `{prep.line}` ({prep.where})")
-            return None
-        if os.getcwd() != prep.cwd:
-            self._drop_prepared(f"the kernel's working directory changed since ({prep.cwd} → {os.getcwd()})")
-            return None
-        now = dict(os.environ)
-        changed = sorted(k for k in set(now) | set(prep.environ) if now.get(k) != prep.environ.get(k))
-        late = [k for k in changed if k.startswith(IMPORT_TIME_ENV)]
-        if late:
-            self._drop_prepared(f"the notebook set {', '.join(late[:4])}{' …' if len(late) > 4 else ''} after they "
-                                "had imported what reads it")
-            return None
-        self._environ_diff = ({k: now[k] for k in changed if k in now}, [k for k in changed if k not in now])
-        return prep
-
-    def _drop_prepared(self, why: str) -> None:
-        if self.prepared is None:
-            return
-        print(f"gpuctx: stopping the workers prepared for `{self.prepared.line}`: {why}; starting new ones", flush=True)
-        self.prepare_note = f"the prepared workers were stopped: {why}"
-        self._teardown()
 
     def stop(self) -> str:
         """Stop every worker and the controller; what was stopped, in one line."""
@@ -675,18 +545,6 @@ class GpuWorkers(Configurable):
         lines.append("`%%on_gpu all` runs a cell on every rank; `%gpu workers stop` ends them")
         return lines
 
-    def prepared_line(self) -> str:
-        """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
-        prep = self.prepared
-        if prep is not None:
-            n = prep.key[0] if isinstance(prep.key[0], int) else len(prep.key[0])
-            return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {n} worker"
-                    f"{'s' if n != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
-                    "no CUDA, no GPU memory — the line adopts them")
-        if self._prepare_thread is not None:
-            return "preparing the workers the notebook's `%gpu workers start` line asks for …"
-        return self.prepare_note
-
     def report(self) -> Report:
         if not self.running:
             extra = self.prepared_line()
@@ -725,32 +583,7 @@ class GpuWorkers(Configurable):
         if not self.running:
             raise UsageError("no workers are running: `%gpu workers start all` starts one per GPU "
                              "(`%gpu workers start 2` two CPU workers without a GPU)")
-        if spec.strip().lower() == "all":
-            return list(self.ranks)
-        chosen: list[Worker] = []
-        for item in (s.strip() for s in spec.split(",")):
-            w = self._named(item)
-            if w in chosen:
-                raise UsageError(f"{item!r} names rank {w.rank} twice in {spec!r}")
-            chosen.append(w)
-        return chosen
-
-    def _named(self, item: str) -> Worker:
-        listing = ", ".join(w.label for w in self.ranks)
-        if not item:
-            raise UsageError("an empty entry in the list: name workers separated by commas, like `0,1`")
-        on_gpus = [w for w in self.ranks if w.ordinal is not None]
-        if on_gpus and len(on_gpus) == len(self.ranks):
-            visible = tuple(VisibleDevice(w.ordinal, _record(w)) for w in on_gpus)
-            try:
-                dev = parse_spec(item, visible)
-            except SpecError:
-                raise UsageError(one_line(f"no worker runs on {item!r}: the workers are {listing}")) from None
-            return next(w for w in on_gpus if w.ordinal == dev.ordinal)
-        number = item.removeprefix("rank")
-        if COUNT.fullmatch(number) and int(number) < len(self.ranks):
-            return self.ranks[int(number)]
-        raise UsageError(one_line(f"no rank {item!r}: the workers are {listing} (name ranks by number)"))
+        return select_ranks(self.ranks, spec)
 
     def run_cell(self, args, cell: str):
         from .worker_cells import CellRun
@@ -761,8 +594,3 @@ class GpuWorkers(Configurable):
         chosen = self.select(args.spec)
         return CellRun(self, chosen, cell, timeout=args.timeout).run()
 
-
-def _record(w: Worker):
-    from ..core.devices import GpuRecord
-
-    return GpuRecord(nvml_index=-1, uuid=w.uuid, name=w.gpu_name)

@@ -547,4 +547,6 @@ def _other_steps(plan: Plan, name: str, signals: dict, used=None) -> None:
     elif name == "numba" and "numba_cuda" in signals:
         where, code = signals["numba_cuda"]
         plan.add(Step("framework", "import numba.cuda", where=where, code=code, framework="numba",
-                      module="numba.cuda", detail="imported only: no CUDA context until your first kernel"))
+                      module="numba.cuda"))
+        plan.add(Step("gpu", "Numba's context and a tiny @cuda.jit kernel", where=where, code=code, op="numba_jit",
+                      framework="numba", detail="NVVM and libdevice loaded; your kernels compile on their first launch"))

@@ -2,8 +2,8 @@
 as the frontend holds them, unsaved edits included, for the kernel's warm plan (issue #25).
 
 202 with the kernel's counts when it takes them; 400 for a body that is not that (not UTF-8, not
-JSON, wrong types), 413 over the caps (contract/cells.py: the body is refused by its length before
-it is read), 404 for an unknown kernel, 409 where the kernel does not warm typed cells (gpuctx not
+JSON, wrong types), 413 over the caps (contract/cells.py; a body over 8 times the cap is refused by
+its length before it is read), 404 for an unknown kernel, 409 where the kernel does not warm typed cells (gpuctx not
 installed there, warming off, a fixed recipe — the sentence says which), 200 with a `status` when
 the kernel cannot answer (as GET kernels/<id> does) or is suspended (`"status": "suspended"`: the
 frontend sends again once it has resumed). Each refusal is one warning line naming the
@@ -19,6 +19,8 @@ from tornado import web
 from ...contract.cells import MAX_BODY_BYTES, BadCells, TooLarge, check_cells
 from .base import GpuctxHandler
 
+READ_AND_DROP = 8
+
 
 @web.stream_request_body
 class CellsHandler(GpuctxHandler):
@@ -28,7 +30,10 @@ class CellsHandler(GpuctxHandler):
         await super().prepare()  # authentication first: a stranger learns nothing of the caps
         self._body, self._size = [], 0
         declared = self.request.headers.get("Content-Length")
-        if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        # A body up to READ_AND_DROP times the cap is read (and dropped past it) before the 413: a
+        # client still sending when the server answers and closes gets a broken pipe instead of
+        # the message (urllib, fetch). Anything larger is refused by its length, unread.
+        if declared and declared.isdigit() and int(declared) > READ_AND_DROP * MAX_BODY_BYTES:
             raise self._refuse(413, f"the body is {int(declared)} bytes, more than {MAX_BODY_BYTES} "
                                     "(contract/cells.py's cap)")
 

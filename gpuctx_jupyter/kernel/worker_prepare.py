@@ -1,0 +1,172 @@
+"""Workers started ahead for the notebook's `%gpu workers start ARGS` line: once the kernel's warm
+plan has read the notebook, before the line runs (kernel/extension.py calls `prepare_for`). They
+are ipyparallel engines like any worker (kernel/workers.py starts them), importing the notebook's
+imports at the lowest CPU priority, with no CUDA and no GPU memory; the line adopts them when
+they are what it asks for now, else stops them and says why.
+
+`Preparing` is the half of GpuWorkers that does this: it uses the placement, the launch and the
+teardown of kernel/workers.py.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from IPython.core.error import UsageError
+from traitlets import Bool, Float
+from traitlets.config import Configurable
+
+from ..core import host_memory
+from .commands import one_line
+from .render import gib
+
+PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dynamo and ipyparallel imported)
+# The kernel's environment changed since the workers were prepared, in a variable read when a
+# library is imported or CUDA starts: the prepared workers (imports done) would not see it, so new
+# ones start. Other changes are applied to the prepared workers' os.environ as they are adopted.
+IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
+                   "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+
+@dataclass
+class Prepared:
+    """Workers started ahead for the notebook's `%gpu workers start ARGS`, before the line runs."""
+
+    args: str  # the notebook's ARGS
+    where: str  # its line, "cell 2, line 1"
+    key: tuple  # what they were started for: GPU UUIDs (or the CPU count), warm
+    environ: dict  # the kernel's environment then
+    cwd: str
+    since: float  # time.time() when they were started
+    on: str  # "cuda:0, cuda:1", "the CPU"
+
+    @property
+    def line(self) -> str:
+        return f"%gpu workers start {self.args}".rstrip()
+
+
+class Preparing(Configurable):
+    """Settable as `c.GpuWorkers.<trait>`."""
+
+    prepare = Bool(
+        True, help="""Start the workers a notebook's `%gpu workers start` line asks for once the kernel has
+        read the notebook, before the line runs: engines registered and the notebook's imports done (at low
+        CPU priority), no CUDA and no GPU memory; the line then only warms CUDA and joins torch.distributed.
+        Local workers only (not --profile); they end with the kernel like any worker.""",
+    ).tag(config=True)
+
+    prepare_memory_share = Float(
+        0.2, help="""Prepared workers start only where their host memory (about 1 GiB each) fits in this share
+        of the memory available to the kernel (its container's limit where one applies).""",
+    ).tag(config=True)
+
+    def _init_prepared(self) -> None:
+        self.prepared: Prepared | None = None  # the workers started ahead for the notebook's line
+        self.prepare_note = ""  # why none were, or what became of them
+        self._prepare_thread: threading.Thread | None = None
+        self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
+
+    def prepare_for(self, args: str, where: str = "") -> bool:
+        """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
+        `where`) asks for: registered, imports done, no CUDA. False when none start (already
+        running or prepared, or turned off)."""
+        if not self.prepare:
+            self.prepare_note = "not prepared ahead (c.GpuWorkers.prepare is off)"
+            return False
+        with self._lock:
+            if self.running or self.cluster is not None or self._prepare_thread is not None:
+                return False
+            self._prepare_thread = threading.Thread(target=self._prepare, args=(args, where),
+                                                    name="gpuctx-workers-prepare", daemon=True)
+            self._prepare_thread.start()
+        return True
+
+    def _prepare(self, text: str, where: str) -> None:
+        line = f"%gpu workers start {text}".rstrip()
+        try:
+            from . import commands as cmds
+
+            args = cmds.parse(cmds.lookup("workers"), ["start", *cmds.split(text)])
+            if args.profile:
+                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: with --profile, ipyparallel's "
+                                     "launchers start the workers when the line runs")
+                return
+            from .workers import require_ipyparallel  # (it imports this module)
+
+            ipp = require_ipyparallel()
+            placement = self._local_placement(args.which, args.cpu, args.share)
+            n = placement.count
+            room = host_memory.available()
+            if room is not None and n * PREPARED_RSS > self.prepare_memory_share * room.available:
+                self.prepare_note = (f"`{line}` ({where}) is not prepared ahead: {n} workers need about "
+                                     f"{gib(n * PREPARED_RSS)} of host memory, more than "
+                                     f"{self.prepare_memory_share:.0%} of the {gib(room.available)} available "
+                                     "(c.GpuWorkers.prepare_memory_share)")
+                return
+            warm = not args.no_warm
+            environ, cwd = dict(os.environ), os.getcwd()
+            self._launch_local(ipp, placement.gpus, n, warm, prepared=True)
+            on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
+            self.prepared = Prepared(text, where, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
+            self.prepare_note = ""
+        except UsageError as exc:
+            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
+        except Exception as exc:  # noqa: BLE001 — the line itself starts them then, and says what fails
+            self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {type(exc).__name__}: {exc}")
+            self._teardown()
+        finally:
+            if self.prepared is None and self.cluster is not None and not self.running:
+                self._teardown()
+
+    def _await_prepare(self) -> None:
+        thread = self._prepare_thread
+        if thread is not None:
+            thread.join(self.start_timeout)
+            self._prepare_thread = None
+
+    @staticmethod
+    def _key(gpus, n: int, warm: bool) -> tuple:
+        return (tuple(d.record.uuid for d in gpus) if gpus else n, warm)
+
+    def _adopt(self, key: tuple) -> Prepared | None:
+        """The prepared workers, when they are what this start asks for and the kernel's working
+        directory and environment are as they were (changes read at import time are not); else
+        they are stopped (and why is said) and None."""
+        prep = self.prepared
+        if prep is None or self.cluster is None:
+            return None
+        if prep.key != key:
+            self._drop_prepared(f"they were started for `{prep.line}` ({prep.where})")
+            return None
+        if os.getcwd() != prep.cwd:
+            self._drop_prepared(f"the kernel's working directory changed since ({prep.cwd} → {os.getcwd()})")
+            return None
+        now = dict(os.environ)
+        changed = sorted(k for k in set(now) | set(prep.environ) if now.get(k) != prep.environ.get(k))
+        late = [k for k in changed if k.startswith(IMPORT_TIME_ENV)]
+        if late:
+            self._drop_prepared(f"the notebook set {', '.join(late[:4])}{' …' if len(late) > 4 else ''} after they "
+                                "had imported what reads it")
+            return None
+        self._environ_diff = ({k: now[k] for k in changed if k in now}, [k for k in changed if k not in now])
+        return prep
+
+    def _drop_prepared(self, why: str) -> None:
+        if self.prepared is None:
+            return
+        print(f"gpuctx: stopping the workers prepared for `{self.prepared.line}`: {why}; starting new ones", flush=True)
+        self.prepare_note = f"the prepared workers were stopped: {why}"
+        self._teardown()
+
+    def prepared_line(self) -> str:
+        """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
+        prep = self.prepared
+        if prep is not None:
+            n = prep.key[0] if isinstance(prep.key[0], int) else len(prep.key[0])
+            return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {n} worker"
+                    f"{'s' if n != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
+                    "no CUDA, no GPU memory — the line adopts them")
+        if self._prepare_thread is not None:
+            return "preparing the workers the notebook's `%gpu workers start` line asks for …"
+        return self.prepare_note
