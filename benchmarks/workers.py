@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -37,6 +38,7 @@ sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
 from tests.harness import kernels  # noqa: E402
+from tests.harness.notebooks import notebook  # noqa: E402
 
 # The one training loop every case runs (as source: a kernel cell, a worker cell, a script).
 LOOP = '''
@@ -122,10 +124,7 @@ def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float | No
         path = os.path.join(folder, "train.ipynb")
         cells = [f"%gpu workers start {which}", "import torch\nimport torch.distributed as dist",
                  "%%on_gpu all\n" + LOOP]
-        with open(path, "w") as fh:
-            json.dump({"cells": [{"cell_type": "code", "source": c, "metadata": {}, "outputs": [],
-                                  "execution_count": None} for c in cells],
-                       "metadata": {}, "nbformat": 4, "nbformat_minor": 5}, fh)
+        notebook(pathlib.Path(path), cells)
         opened = time.time()
         km, kc = kernels.start(env={"JPY_SESSION_NAME": path, "GPUCTX_WARM": "auto",
                                     "GPUCTX_WARM_SOURCE": "server hook"}, extra_arguments=["--ext=gpuctx"], cwd=folder)

@@ -3,9 +3,9 @@
 
     python3 scripts/probe-first-cell.py NOTEBOOK [--cell N] [--top 25] [--json OUT.json]
 
-In one fresh process: the notebook's cells before cell N run (default: the last code cell), the
-warm-up the notebook's plan asks for runs to its end (kernel/warm/, as in a server-started kernel),
-then cell N runs twice under cProfile. Prints both times and the functions whose cumulative time
+In one fresh process: the warm-up the notebook's plan asks for runs to its end (kernel/warm/, as
+in a server-started kernel), then the notebook's cells before cell N (default: the last code cell),
+then cell N twice under cProfile. Prints both times and the functions whose cumulative time
 differs most between the first run and the second: what the warm-up leaves for the first run
 (for #24, lightning's first Trainer.fit). Runs on a GPU machine or a CPU one.
 """
@@ -35,12 +35,12 @@ def profiled(code, ns) -> tuple[float, dict]:
     exec(code, ns)
     prof.disable()
     took = time.perf_counter() - t0
-    sync(ns)
+    sync()
     stats = pstats.Stats(prof)
     return took, {f"{os.path.basename(k[0])}:{k[1]}({k[2]})": v[3] for k, v in stats.stats.items()}
 
 
-def sync(ns) -> None:
+def sync() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.synchronize()
@@ -73,7 +73,7 @@ def main() -> None:
             print("  ", line)
     for src in before:
         exec(compile(src, "<cell>", "exec"), ns)
-    sync(ns)
+    sync()
     code = compile(target, "<cell>", "exec")
     first_s, first = profiled(code, ns)
     second_s, second = profiled(code, ns)

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
 from gpuctx_jupyter.server import attribution
 
 from .harness.waiting import wait_for
+from .harness.workers import gone, tree
 
 pytestmark = pytest.mark.timeout(600)
 pytest.importorskip("ipyparallel")
@@ -32,20 +32,6 @@ def start_workers(srv, path: str) -> tuple[str, int, list[int]]:
         ks.close()
     assert pid in srv.kernel_processes()  # the server's own kernel process
     return kid, pid, workers
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    return psutil.Process(pid).children(recursive=True)
-
-
-def gone(procs) -> bool:
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                return False
-        except psutil.NoSuchProcess:
-            pass
-    return True
 
 
 def test_the_server_counts_the_workers_as_the_notebooks_and_shut_down_ends_them(server_factory):

@@ -29,12 +29,18 @@ PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dy
 IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
                    "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
+
+def start_line(args: str) -> str:
+    return f"%gpu workers start {args}".rstrip()
+
+
 @dataclass
 class Prepared:
     """Workers started ahead for the notebook's `%gpu workers start ARGS`, before the line runs."""
 
     args: str  # the notebook's ARGS
     where: str  # its line, "cell 2, line 1"
+    count: int  # how many workers
     key: tuple  # what they were started for: GPU UUIDs (or the CPU count), warm
     environ: dict  # the kernel's environment then
     cwd: str
@@ -43,7 +49,7 @@ class Prepared:
 
     @property
     def line(self) -> str:
-        return f"%gpu workers start {self.args}".rstrip()
+        return start_line(self.args)
 
 
 class Preparing(Configurable):
@@ -83,7 +89,7 @@ class Preparing(Configurable):
         return True
 
     def _prepare(self, text: str, where: str) -> None:
-        line = f"%gpu workers start {text}".rstrip()
+        line = start_line(text)
         try:
             from . import commands as cmds
 
@@ -108,14 +114,13 @@ class Preparing(Configurable):
             environ, cwd = dict(os.environ), os.getcwd()
             self._launch_local(ipp, placement.gpus, n, warm, prepared=True)
             on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
-            self.prepared = Prepared(text, where, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
+            self.prepared = Prepared(text, where, n, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
             self.prepare_note = ""
         except UsageError as exc:
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
         except Exception as exc:  # noqa: BLE001 — the line itself starts them then, and says what fails
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {type(exc).__name__}: {exc}")
-            self._teardown()
-        finally:
+        finally:  # nothing half-started stays
             if self.prepared is None and self.cluster is not None and not self.running:
                 self._teardown()
 
@@ -163,9 +168,8 @@ class Preparing(Configurable):
         """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
         prep = self.prepared
         if prep is not None:
-            n = prep.key[0] if isinstance(prep.key[0], int) else len(prep.key[0])
-            return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {n} worker"
-                    f"{'s' if n != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
+            return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {prep.count} worker"
+                    f"{'s' if prep.count != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
                     "no CUDA, no GPU memory — the line adopts them")
         if self._prepare_thread is not None:
             return "preparing the workers the notebook's `%gpu workers start` line asks for …"

@@ -262,10 +262,11 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     t0 = time.perf_counter()
     warm = ""  # the warm-up's summary
     if _warmer is not None:
-        if os.environ.get(ENV_WARM) == "prepare":
+        prepared = os.environ.get(ENV_WARM) == "prepare"
+        if prepared:
             _hurry()  # the line is waiting now for what is left of the imports
         status = _warmer.wait()
-        if os.environ.get(ENV_WARM) == "prepare":  # imports done ahead: now CUDA and the training steps
+        if prepared:  # imports done ahead: now CUDA and the training steps
             phases["imports (prepared ahead)"] = status.total or 0.0
             os.environ[ENV_WARM] = "1"
             t = time.perf_counter()

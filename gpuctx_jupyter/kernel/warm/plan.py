@@ -48,11 +48,8 @@ DEFAULT_DENY = (
 # the GPU work, where the notebook imports the library and the module is installed. Lightning's
 # first Trainer() runs its MPI check, `from mpi4py import MPI`, which starts MPI: 0.6-0.7 s of the
 # first Trainer.fit cell on an H200 host (scripts/probe-first-cell.py).
-FIRST_USE = {
-    "lightning": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
-    "lightning.pytorch": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
-    "pytorch_lightning": (("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)"),),
-}
+_LIGHTNING_MPI = ("mpi4py", ("MPI",), "what lightning's first Trainer() imports (its MPI check starts MPI)")
+FIRST_USE = {name: (_LIGHTNING_MPI,) for name in ("lightning", "lightning.pytorch", "pytorch_lightning")}
 
 # Set-up the warm-up may apply itself, when the notebook sets it with a literal before its first
 # import and the kernel's environment does not already say otherwise.
