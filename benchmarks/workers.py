@@ -12,6 +12,9 @@ timed. Rank 0 reports when its first step finished and its steps/s. Cases, in th
   … prepared        a kernel started as the server's hook starts it for a notebook holding the
                     line: gpuctx prepares the workers once it has read the notebook; the line
                     runs `--read` s after the kernel's start (10: the user reads; 0: Run All)
+  … from the pool   a real jupyter_server with its warm pool: the notebook opened once the imports
+                    standby (with the workers' imports) is ready, the line run `--pool-read` s
+                    after the open (0: Run All); the workers are forked with their imports done
   notebook_launcher a real ipykernel that has imported torch (no CUDA): accelerate's
                     notebook_launcher(train, num_processes=N), twice (each call starts new processes)
   torchrun          `python -m torch.distributed.run --standalone --nproc_per_node N` on a script
@@ -38,7 +41,9 @@ sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
 from tests.harness import kernels  # noqa: E402
+from tests.harness.faults import pool_of  # noqa: E402
 from tests.harness.notebooks import notebook  # noqa: E402
+from tests.harness.server import Server  # noqa: E402
 
 # The one training loop every case runs (as source: a kernel cell, a worker cell, a script).
 LOOP = '''
@@ -156,6 +161,68 @@ def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float | No
     return rows
 
 
+def zygote_ready(srv) -> bool:
+    """The server's imports standby has done the workers' imports too (kernel/worker_zygote.py):
+    its child `worker_entry imports SOCKET` says so in the log beside SOCKET."""
+    import psutil
+
+    for s in (pool_of(srv) or {}).get("standbys", []):
+        if s["kind"] != "imports" or not s["ready"]:
+            continue
+        for child in psutil.Process(s["pid"]).children():
+            cmd = child.cmdline()
+            if cmd[-2:-1] == ["imports"]:
+                try:
+                    with open(os.path.join(os.path.dirname(cmd[-1]), "imports.log")) as fh:
+                        return "modules imported in" in fh.read()
+                except OSError:
+                    return False
+    return False
+
+
+def pool_case(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float) -> list[dict]:
+    """A real jupyter_server with its warm pool: the notebook opened once its imports standby is
+    ready (with the workers' imports), `%gpu workers start` run `read_s` s after the open (0: Run
+    All), then the loop. The workers are forked with their imports done."""
+    which = f"{n} --cpu" if cpu else "all" if n == len(inventory.take().devices) else str(n)
+    root = os.path.join(tmp, f"pool-{read_s:g}")
+    os.makedirs(root)
+    notebook(pathlib.Path(root, "train.ipynb"), [f"%gpu workers start {which}", "import torch", "%%on_gpu all\n" + LOOP])
+    srv = Server(root, ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True"],
+                 env={"GPUCTX_SERVER_POOL": "auto", "JUPYTER_DATA_DIR": os.path.join(root, ".jupyter-data")}).start()
+    try:
+        waiting = time.monotonic()
+        while not zygote_ready(srv):
+            if time.monotonic() - waiting > 600:
+                return [{"case": f"%gpu workers, from the warm pool, line run {read_s:g} s after open",
+                         "skipped": "no imports standby with the workers' imports within 600 s"}]
+            time.sleep(0.5)
+        opened = time.time()
+        kid = srv.start_kernel(path="train.ipynb")
+        ks = srv.channels(kid)
+        try:
+            time.sleep(max(0.0, opened + read_s - time.time()))
+            t0 = time.time()
+            start = ok(ks.execute(f"%gpu workers start {which}", timeout=600), "%gpu workers start")
+            ready = time.time() - t0
+            line = start.stdout.strip().splitlines()[-1]
+            print(line)
+            out = os.path.join(tmp, f"pool-{read_s:g}.json")
+            sent = time.time()
+            cell = "%%on_gpu all\n" + LOOP + f"\nrate = train({sent}, {steps}, {out!r}, **{size!r})"
+            ok(ks.execute(cell, timeout=600), "first cell")
+            r = report(out)
+        finally:
+            ks.close()
+    finally:
+        srv.stop()
+    return [{"case": f"%gpu workers, from the warm pool, line run {read_s:g} s after open: first cell",
+             "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"], "world": r["world"],
+             "device": r["device"], "ready_s": ready, "start_to_first_step_s": r["first_step_at"] - t0,
+             "open_to_ready_s": t0 + ready - opened, "forked": "forked with their imports done ahead" in start.stdout
+             or "imports done)" in start.stdout, "ready_line": line}]
+
+
 def accelerate_case(n: int, steps: int, size: dict, tmp: str) -> list[dict]:
     try:
         import accelerate  # noqa: F401
@@ -231,6 +298,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, help="timed steps (default 200 on GPUs, 30 on the CPU)")
     parser.add_argument("--read", type=float, nargs="*", default=[10.0, 0.0],
                         help="prepared cases: seconds from the kernel's start to the line (default 10 and 0)")
+    parser.add_argument("--pool-read", type=float, nargs="*", default=[0.0],
+                        help="warm-pool cases: seconds from the notebook's open to the line (default 0: Run All)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     gpus = len(inventory.take().devices)
@@ -245,6 +314,8 @@ def main() -> int:
         rows += ours(n, cpu, steps, size, tmp)
         for read_s in args.read:
             rows += ours(n, cpu, steps, size, tmp, read_s=read_s)
+        for read_s in args.pool_read:
+            rows += pool_case(n, cpu, steps, size, tmp, read_s)
         rows += accelerate_case(n, steps, size, tmp)
         rows += torchrun_case(n, steps, size, tmp)
     info = machine()

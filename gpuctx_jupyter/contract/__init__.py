@@ -28,6 +28,7 @@ DEVICE = "GPUCTX_DEVICE"  # a device spec the kernel starts on
 DEVICE_SOURCE = "GPUCTX_DEVICE_SOURCE"  # who chose it
 POOLED = "GPUCTX_POOLED"  # set in a kernel handed out by the warm pool: seconds it waited ready
 STANDBY = "GPUCTX_STANDBY"  # set in a standby of the warm pool (its warm-up runs at the lowest CPU priority)
+WORKER_IMPORTS = "GPUCTX_WORKER_IMPORTS"  # "1" in an imports standby: do the `%gpu workers` imports too
 POOL_NOTE = "GPUCTX_POOL_NOTE"  # why this kernel was started fresh rather than from the warm pool
 SESSION = "JPY_SESSION_NAME"  # jupyter_server's: the notebook's path, read by the `auto` policy
 

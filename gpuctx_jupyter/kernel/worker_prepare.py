@@ -46,6 +46,7 @@ class Prepared:
     cwd: str
     since: float  # time.time() when they were started
     on: str  # "cuda:0, cuda:1", "the CPU"
+    forked: bool = False  # forked from the workers' imports done ahead (kernel/worker_zygote.py)
 
     @property
     def line(self) -> str:
@@ -72,6 +73,7 @@ class Preparing(Configurable):
         self.prepare_note = ""  # why none were, or what became of them
         self._prepare_thread: threading.Thread | None = None
         self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
+        self.fork_note = ""  # why the workers' imports done ahead were not used
 
     def prepare_for(self, args: str, where: str = "") -> bool:
         """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
@@ -112,9 +114,10 @@ class Preparing(Configurable):
                 return
             warm = not args.no_warm
             environ, cwd = dict(os.environ), os.getcwd()
-            self._launch_local(ipp, placement.gpus, n, warm, prepared=True)
+            forked = self._launch(ipp, placement.gpus, n, warm, prepared=True, zygote=self._forking(say=False))
             on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
-            self.prepared = Prepared(text, where, n, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on)
+            self.prepared = Prepared(text, where, n, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on,
+                                     forked=forked)
             self.prepare_note = ""
         except UsageError as exc:
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
@@ -123,6 +126,58 @@ class Preparing(Configurable):
         finally:  # nothing half-started stays
             if self.prepared is None and self.cluster is not None and not self.running:
                 self._teardown()
+
+    def _forking(self, say: bool):
+        """The workers' imports done ahead to fork the workers from (kernel/worker_zygote.py), or
+        None: there are none, or the kernel's environment has changed since they were done (then
+        they end, and why is said: printed with `say`, else in `%gpu workers`)."""
+        from . import worker_zygote
+
+        zygote = worker_zygote.current()
+        if zygote is None:
+            return None
+        why = zygote.unsuited()
+        if why:
+            self.fork_note = f"the workers were not forked from the imports done ahead: {why}"
+            if say:
+                print(f"gpuctx: {self.fork_note}", flush=True)
+            worker_zygote.stop()
+            return None
+        zygote.timeout = self.start_timeout
+        return zygote
+
+    def _launch(self, ipp, gpus, n: int, warm: bool, prepared: bool = False, zygote=None, say: bool = False) -> bool:
+        """Start the local workers, forked from `zygote` where given (True then); when forking
+        fails, what it started ends, why is noted (printed with `say`) and they start the usual way."""
+        if zygote is not None:
+            from . import worker_zygote
+
+            try:
+                self._launch_local(ipp, gpus, n, warm, prepared=prepared, zygote=zygote)
+                return True
+            except worker_zygote.ForkError as exc:
+                self._teardown()
+                worker_zygote.stop()
+                self.fork_note = one_line(f"the workers could not be forked from the imports done ahead ({exc}): "
+                                          "they start the usual way")
+                if say:
+                    print(f"gpuctx: {self.fork_note}", flush=True)
+        self._launch_local(ipp, gpus, n, warm, prepared=prepared)
+        return False
+
+    def imports_line(self) -> str:
+        """What `%gpu workers` says of the workers' imports done ahead, or why they were not used."""
+        from . import worker_zygote
+
+        zygote = worker_zygote.current()
+        return zygote.line() if zygote is not None else self.fork_note
+
+    @staticmethod
+    def imports_data() -> dict | None:
+        from . import worker_zygote
+
+        zygote = worker_zygote.current()
+        return None if zygote is None else {"pid": zygote.pid, "imported": zygote.imported(), "forked": zygote.forked}
 
     def _await_prepare(self) -> None:
         thread = self._prepare_thread
@@ -168,9 +223,10 @@ class Preparing(Configurable):
         """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
         prep = self.prepared
         if prep is not None:
+            doing = ("forked with their imports done ahead" if prep.forked
+                     else "importing the notebook's imports at low CPU priority")
             return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {prep.count} worker"
-                    f"{'s' if prep.count != 1 else ''} for {prep.on}, importing the notebook's imports at low CPU priority; "
-                    "no CUDA, no GPU memory — the line adopts them")
+                    f"{'s' if prep.count != 1 else ''} for {prep.on}, {doing}; no CUDA, no GPU memory — the line adopts them")
         if self._prepare_thread is not None:
             return "preparing the workers the notebook's `%gpu workers start` line asks for …"
         return self.prepare_note

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import tempfile
 import time
 
@@ -69,6 +70,26 @@ def error_text(exc) -> str:
     ename, evalue = getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc))
     engine = (getattr(exc, "engine_info", None) or {}).get("engine_id")
     return f"{ename}: {evalue}" + (f" (engine {engine})" if engine is not None else "")
+
+
+def exit_words(engine_set, wait: float = 1.0) -> str:
+    """How the process of ipyparallel's `engine_set` ended, as ", killed by SIGKILL" (or "" when
+    unknown), waiting up to `wait` s for ipyparallel to notice the end."""
+    deadline = time.monotonic() + wait
+    code = None
+    while engine_set is not None:
+        code = (engine_set.stop_data or {}).get("exit_code")
+        if code is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if not isinstance(code, int):
+        return ""
+    if code < 0:
+        try:
+            return f", killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f", killed by signal {-code}"
+    return f", exit status {code}"
 
 
 def last_line(text: str) -> str:

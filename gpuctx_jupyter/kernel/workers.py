@@ -49,6 +49,9 @@ log.setLevel(logging.CRITICAL)
 # (local, beside the kernel) beat every 0.5 s and are unregistered after as long a silence as the
 # default's (60 misses, 30 s).
 HEARTBEAT_ARGS = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_misses=60")
+# ipyparallel's nanny (a process per engine, started before the engine registers) relays signals
+# from afar: the kernel signals its local workers by PID.
+LOCAL_ENGINE_ARGS = ("--IPEngine.enable_nanny=False",)
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
 
 
@@ -174,11 +177,13 @@ class GpuWorkers(Preparing):
             where = ", ".join(f"cuda:{d.ordinal}" for d in gpus) if gpus else (
                 f"the hosts of profile {profile!r}" if profile else "the CPU")
             adopted = not profile and self._adopt(self._key(gpus, n, warm))
+            zygote = None if profile or adopted else self._forking(say=True)
             print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where}"
                   + (f" (prepared {time.time() - adopted.since:.0f} s ago for {adopted.where}: imports done)"
-                     if adopted else "") + " …", flush=True)
+                     if adopted else "") + (" (forked with their imports done ahead)" if zygote else "") + " …",
+                  flush=True)
             if not profile and not adopted:
-                self._launch_local(ipp, gpus, n, warm)
+                self._launch(ipp, gpus, n, warm, zygote=zygote, say=True)
             registered = self._wait_registered(n, deadline)
             self._registered_in = time.perf_counter() - t0
             if adopted and any(self._environ_diff):
@@ -230,14 +235,20 @@ class GpuWorkers(Preparing):
     def _ours(self) -> dict[str, str]:
         return {worker_side.ENV_PARENT: worker_side.parent_token()}
 
-    def _launch_local(self, ipp, gpus, n: int, warm: bool, prepared: bool = False) -> None:
+    def _launch_local(self, ipp, gpus, n: int, warm: bool, prepared: bool = False, zygote=None) -> None:
         """The controller and one engine set per worker, each with its own environment: its rank
         and, by UUID, its one GPU. The engines do not wait for the controller's connection info,
-        so their imports and warm-up overlap the controller's start."""
+        so their imports and warm-up overlap the controller's start. With `zygote`, the engines
+        are forked from the imports it did (kernel/worker_zygote.py)."""
         self._private_profile = tempfile.mkdtemp(prefix="gpuctx-workers-")
+        forked = {}
+        if zygote is not None:
+            from .worker_fork_launcher import launchers
+
+            forked = launchers()
         cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
                                     send_engines_connection_env=False,  # no cluster file: nothing to reconnect to
-                                    controller_args=list(HEARTBEAT_ARGS))
+                                    controller_args=list(HEARTBEAT_ARGS), **forked)
         own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
         cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
@@ -249,7 +260,7 @@ class GpuWorkers(Preparing):
                                   "CUDA_VISIBLE_DEVICES": gpus[rank].record.uuid if gpus else ""})
             set_id = cluster.start_engines_sync(
                 1, engine_set_id=f"rank{rank}", environment=env, engine_cmd=[sys.executable, "-m", ENTRY, "engine"],
-                engine_args=[f"--IPEngine.wait_for_url_file={self.start_timeout:g}"])
+                engine_args=[f"--IPEngine.wait_for_url_file={self.start_timeout:g}", *LOCAL_ENGINE_ARGS])
             for launcher in cluster.engines[set_id].launchers.values():
                 self._remember(launcher)
 
@@ -487,21 +498,7 @@ class GpuWorkers(Preparing):
     def exit_words(self, w: Worker, wait: float = 1.0) -> str:
         """How a local worker's process ended, as ", killed by SIGKILL" (or "" when unknown)."""
         engine_set = self.cluster.engines.get(f"rank{w.rank}") if self.cluster is not None else None
-        deadline = time.monotonic() + wait
-        code = None
-        while engine_set is not None:
-            code = (engine_set.stop_data or {}).get("exit_code")
-            if code is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        if not isinstance(code, int):
-            return ""
-        if code < 0:
-            try:
-                return f", killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f", killed by signal {-code}"
-        return f", exit status {code}"
+        return worker_processes.exit_words(engine_set, wait)
 
     # -- listing ---------------------------------------------------------------------------------------
     def rows(self) -> tuple[list[str], list[list[str]]]:
@@ -547,14 +544,14 @@ class GpuWorkers(Preparing):
 
     def report(self) -> Report:
         if not self.running:
-            extra = self.prepared_line()
+            extra = [line for line in (self.prepared_line(), self.imports_line()) if line]
             prep = self.prepared
             return Report([Section("workers", lines=["none: `%gpu workers start all` starts one per GPU "
-                                                     "(a count for CPU workers)"] + ([extra] if extra else []))],
+                                                     "(a count for CPU workers)"] + extra)],
                           data={"workers": [], "prepared": None if prep is None else {
                               "line": prep.line, "where": prep.where, "since": prep.since, "on": prep.on,
-                              "pids": [p.pid for p in self._processes]},
-                              "prepare_note": self.prepare_note})
+                              "pids": [p.pid for p in self._processes], "forked": prep.forked},
+                              "prepare_note": self.prepare_note, "imports": self.imports_data()})
         header, rows = self.rows()
         return Report([Section(f"workers ({len(self.ranks)})", header, rows, lines=self.summary_lines())],
                       data={"workers": [w.__dict__ | {"device": w.device} for w in self.ranks],

@@ -198,6 +198,21 @@ class GpuctxServer(Configurable):
     def _import_standbys_default(self):
         return os.environ.get("GPUCTX_SERVER_IMPORT_STANDBYS", "1").strip().lower() not in ("0", "false", "off", "no")
 
+    standby_worker_imports = Bool(
+        True,
+        help="""An imports standby also does the imports of `%gpu workers` (torch, torch._dynamo,
+        torch.distributed, ipyparallel's engine and the import profile) in a process of its own,
+        without CUDA, from which a notebook that starts workers forks them with their imports
+        done; the hand-over ends it for any other notebook. About 1 GiB of host memory, counted
+        with the standby's. Only where ipyparallel and torch are installed in the kernelspec's
+        Python. Environment default: GPUCTX_SERVER_STANDBY_WORKER_IMPORTS (0/false/off: off).""",
+    ).tag(config=True)
+
+    @default("standby_worker_imports")
+    def _standby_worker_imports_default(self):
+        return os.environ.get("GPUCTX_SERVER_STANDBY_WORKER_IMPORTS", "1").strip().lower() not in (
+            "0", "false", "off", "no")
+
     standby_memory_fraction = Float(
         0.20,
         help="""Host memory all standbys together may hold (resident memory), as a fraction of the

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_core.utils import ensure_async
 
-from ..contract import SESSION, STANDBY, STANDBY_RECIPE, WarmSettings, opted_out
+from ..contract import SESSION, STANDBY, STANDBY_RECIPE, WORKER_IMPORTS, WarmSettings, opted_out
 from ..core import host_memory
 from . import kernel_client
 from . import standby as sb
@@ -454,6 +454,8 @@ class Pool:
                                     imports=list(profile), opt_out=settings.opt_out,
                                     import_budget=self.cfg.import_profile_seconds)
             env.pop(SESSION, None)
+            if self.cfg.standby_worker_imports:
+                env[WORKER_IMPORTS] = "1"  # kernel/worker_zygote.py
         else:
             if not settings.opt_out:  # the server's own opt-out stands
                 settings.policy = "always"  # a standby serves no notebook yet: warm it regardless

@@ -24,7 +24,7 @@ from jupyter_core.utils import ensure_async
 
 from ..contract import ADOPT_REPLY, ADOPT_REQUEST, DEVICE, REQUEST, SESSION
 from ..contract.notebook import Facts
-from ..core import host_memory
+from ..core import host_memory, procs
 from . import jupyter_internals as internals
 from . import kernel_client
 
@@ -88,7 +88,11 @@ class Standby:
         return set(self.imports) or set(self.profile)
 
     def rss(self) -> int | None:
-        return host_memory.rss(self.pid) if self.pid else None
+        """Its resident memory, with its processes' (the workers' imports, kernel/worker_zygote.py)."""
+        if not self.pid:
+            return None
+        own = host_memory.rss(self.pid)
+        return None if own is None else own + sum(host_memory.rss(p) or 0 for p in procs.descendants(self.pid))
 
     # -- pausing for a running cell ------------------------------------------------------------------
     def pause(self) -> None:
@@ -97,7 +101,8 @@ class Standby:
                 os.kill(self.pid, signal.SIGSTOP)
                 self.paused, self._paused_at = True, time.monotonic()
             except OSError:
-                pass
+                return
+            self._signal_below(signal.SIGSTOP)
 
     def resume(self) -> None:
         if self.paused:
@@ -105,6 +110,14 @@ class Standby:
             self.paused_s += time.monotonic() - self._paused_at
             try:
                 os.kill(self.pid, signal.SIGCONT)
+            except OSError:
+                pass
+            self._signal_below(signal.SIGCONT)
+
+    def _signal_below(self, sig: int) -> None:
+        for pid in procs.descendants(self.pid):
+            try:
+                os.kill(pid, sig)
             except OSError:
                 pass
 

@@ -10,6 +10,7 @@ from ...contract import DEFAULT_OPS, SESSION, STANDBY_RECIPE, WARM_SOURCE, opted
 from ...contract import notebook as nbread
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
+from .. import worker_zygote
 from ..switching import Choice
 from . import plan as plans
 from .settings import GpuWarmup
@@ -58,6 +59,10 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
             state.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
         except SpecError as exc:
             log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+    if cfg.recipe == STANDBY_RECIPE and os.environ.get(worker_zygote.ENV_WANTED) == "1":
+        why_not = worker_zygote.start_for_standby(tuple(cfg.imports))
+        if why_not:
+            log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)
     warm, why = wanted(cfg, path)
     warmer = state.warmer
@@ -77,8 +82,10 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
 def after_adoption(state, shell, previous: str | None) -> bool:
     """The warm pool handed this standby to a notebook other than the one it was warmed for: warm
     what that notebook runs, in the background, once the standby's own warm-up is over (imports
-    done already are instant; what the plan adds, e.g. training, runs now). True when started."""
+    done already are instant; what the plan adds, e.g. training, runs now). True when started.
+    The workers' imports stay only for a notebook that starts workers."""
     path = os.environ.get(SESSION)
+    worker_zygote.after_adoption(path)
     cfg = GpuWarmup(parent=shell)
     if not path or path == previous or cfg.recipe != "notebook" or not wanted(cfg, path)[0]:
         return False
