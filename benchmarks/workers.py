@@ -22,7 +22,8 @@ timed. Rank 0 reports when its first step finished and its steps/s. Cases, in th
 
 Times are wall clock from the request (the cell sent, the process started) to rank 0's first
 step; steps/s is rank 0's. Without a GPU (`--cpu`, or none visible) the loop is small and runs on
-CPU workers with gloo. Prints a table and writes JSON.
+CPU workers with gloo. `--repeat N` runs the %gpu workers cases N times, interleaved, and shows
+medians (ready's range beside it). Prints a table and writes JSON (the medians and every run).
 """
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float | No
         t0 = time.time()
         start = ok(kernels.run(kc, f"%gpu workers start {which}", timeout=600), "%gpu workers start")
         ready = time.time() - t0
-        print(start.stdout.strip().splitlines()[-1])
+        print(start.stdout.strip())
         for label in labels:
             out = os.path.join(tmp, f"ours-{read_s}-{len(rows)}.json")
             sent = time.time()
@@ -153,12 +154,22 @@ def ours(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float | No
                    "world": r["world"], "device": r["device"]}
             if not rows:
                 row.update(ready_s=ready, start_to_first_step_s=r["first_step_at"] - t0,
-                           ready_line=start.stdout.strip().splitlines()[-1])
+                           ready_line=start.stdout.strip().splitlines()[-1], how=how(start.stdout))
             rows.append(row)
         kernels.run(kc, "%gpu workers stop", timeout=120)
     finally:
         kernels.stop(km, kc)
     return rows
+
+
+def how(stdout: str) -> str:
+    """How `%gpu workers start` started them, from what it printed (a case that meant to adopt
+    prepared workers but started fresh ones measures the fresh start: the table says so)."""
+    if "imports done)" in stdout:
+        return "adopted, forked" if "forked" in stdout else "adopted"
+    if "forked with their imports done ahead" in stdout:
+        return "forked"
+    return "started fresh"
 
 
 def zygote_ready(srv) -> bool:
@@ -219,8 +230,7 @@ def pool_case(n: int, cpu: bool, steps: int, size: dict, tmp: str, read_s: float
     return [{"case": f"%gpu workers, from the warm pool, line run {read_s:g} s after open: first cell",
              "first_step_s": r["first_step_s"], "steps_per_s": r["steps_per_s"], "world": r["world"],
              "device": r["device"], "ready_s": ready, "start_to_first_step_s": r["first_step_at"] - t0,
-             "open_to_ready_s": t0 + ready - opened, "forked": "forked with their imports done ahead" in start.stdout
-             or "imports done)" in start.stdout, "ready_line": line}]
+             "open_to_ready_s": t0 + ready - opened, "how": how(start.stdout), "ready_line": line}]
 
 
 def accelerate_case(n: int, steps: int, size: dict, tmp: str) -> list[dict]:
@@ -278,16 +288,46 @@ def machine() -> dict:
             "torch": torch.__version__, "host": platform.node(), "date": time.strftime("%Y-%m-%d")}
 
 
+def medians(runs: list[dict]) -> list[dict]:
+    """One row per case: the median of each figure over its runs, with the range of `ready` and
+    how the workers were started in each run."""
+    import statistics
+
+    cases: dict[str, list[dict]] = {}
+    for r in runs:
+        cases.setdefault(r["case"], []).append(r)
+    rows = []
+    for case, rs in cases.items():
+        done = [r for r in rs if "skipped" not in r]
+        if not done:
+            rows.append(rs[0])
+            continue
+        row = {"case": case, "runs": len(done), "world": done[0]["world"], "device": done[0]["device"]}
+        for key in ("ready_s", "first_step_s", "start_to_first_step_s", "steps_per_s", "open_to_ready_s"):
+            values = [r[key] for r in done if key in r]
+            if values:
+                row[key] = statistics.median(values)
+                row[key.removesuffix("_s") + "_all"] = values
+        hows = sorted({r["how"] for r in done if "how" in r})
+        if hows:
+            row["how"] = ", ".join(hows)
+        rows.append(row)
+    return rows
+
+
 def table(rows: list[dict]) -> str:
-    head = ["case", "ready", "first step", "start → first step", "steps/s"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | ---: | ---: | ---: |"]
+    head = ["case", "ready", "first step", "start → first step", "steps/s", "workers"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['case']} | – | – | – | skipped: {r['skipped']} |")
+            lines.append(f"| {r['case']} | – | – | – | skipped: {r['skipped']} | |")
             continue
         ready = f"{r['ready_s']:.2f} s" if "ready_s" in r else "–"
+        if len(r.get("ready_all", [])) > 1:
+            ready += f" ({min(r['ready_all']):.2f}–{max(r['ready_all']):.2f}, {len(r['ready_all'])} runs)"
         total = f"{r['start_to_first_step_s']:.2f} s" if "start_to_first_step_s" in r else f"{r['first_step_s']:.2f} s"
-        lines.append(f"| {r['case']} | {ready} | {r['first_step_s']:.2f} s | {total} | {r['steps_per_s']:.1f} |")
+        lines.append(f"| {r['case']} | {ready} | {r['first_step_s']:.2f} s | {total} | {r['steps_per_s']:.1f} | "
+                     f"{r.get('how', '')} |")
     return "\n".join(lines)
 
 
@@ -300,6 +340,7 @@ def main() -> int:
                         help="prepared cases: seconds from the kernel's start to the line (default 10 and 0)")
     parser.add_argument("--pool-read", type=float, nargs="*", default=[0.0],
                         help="warm-pool cases: seconds from the notebook's open to the line (default 0: Run All)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the %%gpu workers cases (medians shown)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     gpus = len(inventory.take().devices)
@@ -311,11 +352,16 @@ def main() -> int:
     os.environ.update(env_cpu)  # torchrun's and accelerate's processes on the CPU too
     rows = []
     with tempfile.TemporaryDirectory(prefix="gpuctx-bench-workers-") as tmp:
-        rows += ours(n, cpu, steps, size, tmp)
-        for read_s in args.read:
-            rows += ours(n, cpu, steps, size, tmp, read_s=read_s)
-        for read_s in args.pool_read:
-            rows += pool_case(n, cpu, steps, size, tmp, read_s)
+        for rep in range(args.repeat):  # interleaved: drift of the host hits every case alike
+            sub = os.path.join(tmp, f"run{rep}")
+            os.makedirs(sub)
+            rows += ours(n, cpu, steps, size, sub)
+            for read_s in args.read:
+                rows += ours(n, cpu, steps, size, sub, read_s=read_s)
+            for read_s in args.pool_read:
+                rows += pool_case(n, cpu, steps, size, sub, read_s)
+        runs = rows
+        rows = medians(rows)
         rows += accelerate_case(n, steps, size, tmp)
         rows += torchrun_case(n, steps, size, tmp)
     info = machine()
@@ -330,8 +376,8 @@ def main() -> int:
                   f"after the cell was sent; steps/s {r['steps_per_s'] / torchrun['steps_per_s']:.1%} of torchrun's")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"machine": info, "workers": n, "cpu": cpu, "steps": steps, "size": size, "rows": rows}, fh,
-                      indent=1)
+            json.dump({"machine": info, "workers": n, "cpu": cpu, "steps": steps, "size": size, "repeat": args.repeat,
+                       "rows": rows, "runs": runs}, fh, indent=1)
     return 0
 
 

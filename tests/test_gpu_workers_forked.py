@@ -44,6 +44,8 @@ def test_forked_workers_each_see_their_own_gpu_and_the_imports_hold_none(tmp_pat
         assert [s[0] for s in sees] == ["1"] * len(uuids) and {s[2] for s in sees} == {str(len(uuids))}
         assert sorted("GPU-" + s[1] if not s[1].startswith("GPU-") else s[1] for s in sees) == sorted(uuids)
         wait_for(lambda: {w["pid"] for w in ranks} <= nvml_pids(), timeout=30)
+        listing = run(kc, "%gpu workers").text  # CUDA and the training steps warmed once the line ran
+        assert "rank 0's warm-up: done on cuda:0" in listing and "optimizer" in listing, listing
         assert zygote not in nvml_pids()  # it never started CUDA
         assert not any("libcuda.so" in m.path for m in psutil.Process(zygote).memory_maps())
     finally:

@@ -31,5 +31,7 @@ def test_workers_prepared_for_the_notebook_hold_no_gpu_memory_until_the_line_ado
         r = run(kc, "%gpu workers start all", timeout=600)
         assert r.reply["status"] == "ok" and "imports done)" in r.stdout and "nccl" in r.stdout, r.text
         wait_for(lambda: set(engines) <= nvml_pids(), timeout=30)  # the adopted engines, now on their GPUs
+        listing = run(kc, "%gpu workers").text  # CUDA and the training steps warmed once the line ran
+        assert "rank 0's warm-up: done on cuda:0" in listing and "optimizer" in listing, listing
     finally:
         kernels.stop(km, kc)

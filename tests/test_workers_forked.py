@@ -67,7 +67,7 @@ def zygotes_below(pid: int) -> list[psutil.Process]:
     return found
 
 
-def test_workers_forked_from_the_imports_are_the_notebooks_and_end_with_it(tmp_path):
+def test_workers_forked_from_the_imports_are_the_notebooks_and_end_with_it_even_when_it_is_killed(tmp_path):
     km, kc, folder = standby_kernel(tmp_path)
     try:
         zygote = imports_ready(kc)
@@ -93,11 +93,13 @@ def test_workers_forked_from_the_imports_are_the_notebooks_and_end_with_it(tmp_p
         assert f"rank 1 · cpu (pid {ranks[1]['pid']}) died since the last cell, killed by SIGKILL" in died.text, died.text  # its status came back
         r = run(kc, START, timeout=300)  # forked again: the imports stay for the kernel's life
         assert "(forked with their imports done ahead)" in r.stdout and "2 workers ready" in r.stdout, r.text
-        every = tree(kernel_pid(kc))
-        assert zygotes_below(kernel_pid(kc))
+        pid = kernel_pid(kc)
+        every = tree(pid)
+        assert zygotes_below(pid)
+        os.kill(pid, signal.SIGKILL)  # nothing ends them but their own watch on the kernel
+        wait_for(lambda: gone(every), timeout=60)
     finally:
         kernels.stop(km, kc)
-    wait_for(lambda: gone(every), timeout=60)
 
 
 def test_an_import_time_setting_changed_since_the_imports_starts_the_workers_the_usual_way(tmp_path):
@@ -167,7 +169,8 @@ def test_the_pool_keeps_the_imports_for_a_notebook_that_starts_workers_and_ends_
         assert {psutil.Process(p).ppid() for p in prep["pids"]} == {zygote.pid}  # the controller and both engines
         r = ks.execute(START, timeout=300)
         assert r.reply["status"] == "ok", r.text
-        assert "imports done)" in r.stdout and "2 workers ready in" in r.stdout, r.stdout
+        assert "(prepared" in r.stdout and "for cell 1, line 1 and forked with their imports done)" in r.stdout, r.stdout
+        assert "2 workers ready in" in r.stdout
     finally:
         ks.close()
     other = wait_for(lambda: (lambda s: s if s and s["pid"] != standby["pid"] else None)(standby_with_imports()),

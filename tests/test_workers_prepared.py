@@ -33,6 +33,9 @@ def test_the_notebooks_start_line_adopts_the_workers_prepared_for_it_and_they_se
         assert f"prepared for `{START}` (cell 1" in listing and "no CUDA, no GPU memory" in listing
         assert set(prep["pids"]) <= {p.pid for p in tree(kernel_pid(kc))}  # the kernel's own, ended with it
         run(kc, "import os; os.environ['GPUCTX_TEST_NOTE'] = 'set by the notebook'")  # read by no import
+        # torch sets TORCHINDUCTOR_CACHE_DIR itself the first time inductor looks for its cache
+        run(kc, "from torch._inductor.runtime.cache_dir_utils import cache_dir; cache_dir()")
+        assert "TORCHINDUCTOR_CACHE_DIR" in run(kc, "print(sorted(os.environ))").stdout
         r = run(kc, START, timeout=300)
         assert r.reply["status"] == "ok", r.text
         assert "(prepared" in r.stdout and "for cell 1, line 1: imports done)" in r.stdout, r.stdout

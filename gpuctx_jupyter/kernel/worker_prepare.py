@@ -28,6 +28,13 @@ PREPARED_RSS = 2**30  # a prepared worker's host memory, about (torch, torch._dy
 # ones start. Other changes are applied to the prepared workers' os.environ as they are adopted.
 IMPORT_TIME_ENV = ("CUDA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "LD_", "PYTHON", "NVIDIA_", "XLA_", "JAX_",
                    "TF_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+# ... except these, read when they are used: torch sets TORCHINDUCTOR_CACHE_DIR itself (to its
+# default) the first time inductor looks for its cache, in the kernel as in the workers.
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def read_at_import(name: str) -> bool:
+    return name.startswith(IMPORT_TIME_ENV) and name not in READ_WHEN_USED
 
 
 def start_line(args: str) -> str:
@@ -204,7 +211,7 @@ class Preparing(Configurable):
             return None
         now = dict(os.environ)
         changed = sorted(k for k in set(now) | set(prep.environ) if now.get(k) != prep.environ.get(k))
-        late = [k for k in changed if k.startswith(IMPORT_TIME_ENV)]
+        late = [k for k in changed if read_at_import(k)]
         if late:
             self._drop_prepared(f"the notebook set {', '.join(late[:4])}{' …' if len(late) > 4 else ''} after they "
                                 "had imported what reads it")

@@ -264,11 +264,11 @@ class Zygote:
         (a variable read at import time changed since it imported), or ""."""
         if not self.alive():
             return f"the process that did the workers' imports has ended ({self.last_words() or 'no word from it'})"
-        from .worker_prepare import IMPORT_TIME_ENV
+        from .worker_prepare import read_at_import
 
         environ = os.environ if environ is None else environ
         changed = sorted(k for k in set(environ) | set(self.environ)
-                         if k.startswith(IMPORT_TIME_ENV) and k not in TAKEN_LATER
+                         if read_at_import(k) and k not in TAKEN_LATER
                          and environ.get(k) != self.environ.get(k))
         if changed:
             return (f"the kernel's {', '.join(changed[:4])}{' …' if len(changed) > 4 else ''} changed after the "
