@@ -32,7 +32,7 @@ import time
 from ..contract import WARM_IMPORT_BUDGET, WORKER_IMPORTS
 
 ENV_WANTED = WORKER_IMPORTS  # "1" in an imports standby: start the workers' imports too
-ENV_SECONDS = "GPUCTX_WORKER_IMPORT_SECONDS"  # how long the imports may take before this process gives up
+ENV_SECONDS = "GPUCTX_WORKER_IMPORT_SECONDS"  # how long the profile's imports may take (after BASE) before it gives up
 ENV_IMPORTS = "GPUCTX_WORKER_IMPORT_LIST"  # comma-separated: what this process imports besides BASE
 BASE = ("numpy", "torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "torch.optim",
         "ipyparallel.engine.app", "ipyparallel.controller.app", "psutil", "gpuctx_jupyter.kernel.worker_side", "gpuctx_jupyter.kernel.warm.plan",
@@ -42,7 +42,7 @@ BASE = ("numpy", "torch", "torch._dynamo", "torch.distributed", "torch.nn.parall
 TAKEN_LATER = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "OMP_NUM_THREADS")
 ENTRY_MODULE = "gpuctx_jupyter.kernel.worker_entry"  # what is forked runs `ENTRY_MODULE engine|controller ARGS`
 RSS = 2**30  # about, with a CUDA build of torch
-BASE_SECONDS = 60.0  # for BASE, besides the standby's import budget for the profile (GPUCTX_WARM_IMPORT_BUDGET)
+BASE_SECONDS = 60.0  # for BASE; the profile then has the standby's import budget (GPUCTX_WARM_IMPORT_BUDGET)
 MEMORY_SHARE = 0.2  # started only where RSS fits in this share of the host memory available
 ACCEPT_EVERY_S = 0.1
 
@@ -64,11 +64,11 @@ def main(argv: list[str]) -> None:
     listener.bind(path)
     listener.listen(64)
     token = os.environ.get(worker_side.ENV_PARENT, "")
-    modules = [*BASE, *(m for m in os.environ.get(ENV_IMPORTS, "").split(",") if m)]
-    budget = _seconds(os.environ.get(ENV_SECONDS), _seconds(os.environ.get(WARM_IMPORT_BUDGET), 60.0) + BASE_SECONDS)
-    done, failed = _import_all(modules, budget)
+    profile = [m for m in os.environ.get(ENV_IMPORTS, "").split(",") if m]
+    budget = _seconds(os.environ.get(ENV_SECONDS), _seconds(os.environ.get(WARM_IMPORT_BUDGET), 60.0))
+    done, failed = _import_all([(list(BASE), BASE_SECONDS), (profile, budget)])
     if done is None:  # a thread still importing: forking now could copy a held lock
-        print(f"gpuctx worker imports: the imports did not finish within {budget:.0f} s "
+        print(f"gpuctx worker imports: the imports did not finish within {failed[1]} "
               f"(still importing {failed[0]}): ending; workers start the usual way", flush=True)
         os._exit(3)
     print(f"gpuctx worker imports: {len(done)} modules imported in {time.perf_counter() - t0:.1f} s"
@@ -112,32 +112,39 @@ def _seconds(text, default: float) -> float:
         return default
 
 
-def _import_all(modules: list[str], budget: float) -> tuple[list[str] | None, list[str]]:
-    """Import `modules` in a thread at nice 19 (the user's cells come first). The main thread keeps
-    its priority, and so do the workers forked from it. (None, [the module]) when the imports
-    did not end within `budget` s."""
+def _import_all(stages: list[tuple[list[str], float]]) -> tuple[list[str] | None, list[str]]:
+    """Import each stage's modules in a thread at nice 19 (the user's cells come first), each
+    stage within its own seconds: a slow machine's torch does not eat the notebook's budget. The
+    main thread keeps its priority, and so do the workers forked from it. (None, [the module,
+    "N s"]) when a stage did not end in time."""
     done: list[str] = []
     failed: list[str] = []
     now = [""]
+    ended = [threading.Event() for _ in stages]
 
     def run():
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         except (OSError, AttributeError):
             pass
-        for name in dict.fromkeys(modules):
-            now[0] = name
-            try:
-                __import__(name)
-                done.append(name)
-            except BaseException as exc:  # noqa: BLE001 — a worker imports it itself, and says so
-                failed.append(f"{name} ({type(exc).__name__})")
+        seen: set[str] = set()
+        for (modules, _), end in zip(stages, ended):
+            for name in modules:
+                if name in seen:
+                    continue
+                seen.add(name)
+                now[0] = name
+                try:
+                    __import__(name)
+                    done.append(name)
+                except BaseException as exc:  # noqa: BLE001 — a worker imports it itself, and says so
+                    failed.append(f"{name} ({type(exc).__name__})")
+            end.set()
 
-    thread = threading.Thread(target=run, name="gpuctx-worker-imports", daemon=True)
-    thread.start()
-    thread.join(budget)
-    if thread.is_alive():
-        return None, [now[0]]
+    threading.Thread(target=run, name="gpuctx-worker-imports", daemon=True).start()
+    for (_, seconds), end in zip(stages, ended):
+        if not end.wait(seconds):
+            return None, [now[0], f"{seconds:.0f} s"]
     return done, failed
 
 

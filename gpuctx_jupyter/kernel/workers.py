@@ -178,10 +178,10 @@ class GpuWorkers(Preparing):
                 f"the hosts of profile {profile!r}" if profile else "the CPU")
             adopted = not profile and self._adopt(self._key(gpus, n, warm))
             zygote = None if profile or adopted else self._forking(say=True)
-            print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where}"
-                  + (f" (prepared {time.time() - adopted.since:.0f} s ago for {adopted.where}"
-                     f"{' and forked with their' if adopted.forked else ':'} imports done)" if adopted else "") + (" (forked with their imports done ahead)" if zygote else "") + " …",
-                  flush=True)
+            how = (f" (prepared {time.time() - adopted.since:.0f} s ago for {adopted.where}"
+                   f"{' and forked with their' if adopted.forked else ':'} imports done)" if adopted
+                   else " (forked with their imports done ahead)" if zygote else "")
+            print(f"gpuctx: starting {n} worker{'s' if n > 1 else ''} on {where}{how} …", flush=True)
             if not profile and not adopted:
                 self._launch(ipp, gpus, n, warm, zygote=zygote, say=True)
             registered = self._wait_registered(n, deadline)
