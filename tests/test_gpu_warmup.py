@@ -149,6 +149,23 @@ def test_a_training_notebook_gets_backward_and_optimizer_steps_warmed(tmp_path):
         stop(km, kc)
 
 
+def test_a_bf16_model_gets_a_bf16_training_step_and_trains_after_it(tmp_path):
+    cell = ("block = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 64), nn.GELU()).to(device='cuda', dtype=torch.bfloat16)\n"
+            "opt = torch.optim.AdamW(block.parameters(), lr=1e-4)\n"
+            "x = torch.randn(8, 64, device='cuda', dtype=torch.bfloat16)\n"
+            "for _ in range(2):\n    loss = block(x).float().pow(2).mean()\n    opt.zero_grad(); loss.backward(); opt.step()\n"
+            "print(next(block.parameters()).dtype, torch.isfinite(loss).item())")
+    km, kc = notebook_kernel(tmp_path, ["import torch\nimport torch.nn as nn", cell])
+    try:
+        out = warmed(kc)
+        steps = {s["name"]: s["state"] for s in out["plan"]["steps"]}
+        assert steps.get("optimizer step (AdamW), also in bfloat16") == "done", steps
+        r = run(kc, "import torch\nimport torch.nn as nn\n" + cell)
+        assert r.reply["status"] == "ok" and r.stdout.split() == ["torch.bfloat16", "True"], r.text
+    finally:
+        stop(km, kc)
+
+
 def test_a_notebook_that_says_gpu_use_0_warms_cuda_0(tmp_path):
     km, kc = notebook_kernel(tmp_path, ["%load_ext gpuctx\n%gpu use 0", "import torch\nx = torch.ones(4, device='cuda')"])
     try:

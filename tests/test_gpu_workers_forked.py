@@ -46,7 +46,10 @@ def test_forked_workers_each_see_their_own_gpu_and_the_imports_hold_none(tmp_pat
         wait_for(lambda: {w["pid"] for w in ranks} <= nvml_pids(), timeout=30)
         listing = run(kc, "%gpu workers").text  # CUDA and the training steps warmed once the line ran
         assert "rank 0's warm-up: done on cuda:0" in listing and "optimizer" in listing, listing
-        assert zygote not in nvml_pids()  # it never started CUDA
-        assert not any("libcuda.so" in m.path for m in psutil.Process(zygote).memory_maps())
+        # It never started CUDA: no context (nothing in NVML), and its children started theirs, which
+        # a driver started before the fork forbids ("initialization error"). libcuda may be mapped
+        # (an import can load the library without calling cuInit; kernel/worker_zygote.py asks the
+        # driver itself before it forks).
+        assert zygote not in nvml_pids()
     finally:
         kernels.stop(km, kc)

@@ -9,7 +9,7 @@ import pytest
 from .harness import kernels
 from .harness.kernels import run
 from .harness.waiting import wait_for
-from .harness.workers import gpus, nvml_pids, prepared, start_kernel
+from .harness.workers import gpus, imports_done, nvml_pids, prepared, start_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 pytest.importorskip("ipyparallel")
@@ -24,10 +24,8 @@ def test_workers_prepared_for_the_notebook_hold_no_gpu_memory_until_the_line_ado
         engines = [p for p in prep["pids"] if "engine" in " ".join(psutil.Process(p).cmdline())]
         assert len(engines) == len(gpus())
 
-        def imported():  # each engine has torch loaded (its maps show libtorch) and no GPU memory
-            return all(any("libtorch" in m.path for m in psutil.Process(p).memory_maps()) for p in engines)
-        wait_for(imported, timeout=180, every=0.5)
-        assert not set(engines) & nvml_pids()
+        listing = imports_done(kc, workers=len(gpus()))  # the whole prepared warm-up is over: still no GPU
+        assert not set(engines) & nvml_pids(), listing
         r = run(kc, "%gpu workers start all", timeout=600)
         assert r.reply["status"] == "ok" and "imports done)" in r.stdout and "nccl" in r.stdout, r.text
         wait_for(lambda: set(engines) <= nvml_pids(), timeout=30)  # the adopted engines, now on their GPUs

@@ -404,3 +404,19 @@ def test_a_torch_compile_notebook_plans_a_compile_after_its_first_work(tmp_path)
     step = next(s for s in plan.steps if s.op == "compile")
     assert step.where == "cell 2, line 1" and "torch.compile" in step.code
     assert ops(plan).index("compile") > ops(plan).index("matmul_fp32")
+
+
+def test_a_bf16_model_gets_its_own_training_step_and_an_autocast_one_does_not(tmp_path):
+    torch = pytest.importorskip("torch")
+    from gpuctx_jupyter.kernel.warm.recipes import torch as recipe
+
+    notebook(tmp_path / "bf16.ipynb", ["import torch", "block = torch.nn.Linear(8, 8).to(device='cuda', dtype=torch.bfloat16)\n"
+                                       "opt = torch.optim.AdamW(block.parameters())", "opt.step()"])
+    notebook(tmp_path / "amp.ipynb", ["import torch", "scaler = torch.amp.GradScaler('cuda')\n"
+                                      "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = model(x)",
+                                      "opt = torch.optim.SGD(model.parameters(), lr=0.1)"])
+    assert recipe.low_precision(torch, set(ops(derive(tmp_path / "bf16.ipynb")))) == (torch.bfloat16,)
+    assert recipe.low_precision(torch, set(ops(derive(tmp_path / "amp.ipynb")))) == ()  # autocast: fp32 parameters
+    # the step itself, on the CPU here: a bf16 block's forward, backward and optimizer steps
+    params = recipe.low_precision_step(torch, torch.device("cpu"), torch.bfloat16, ("adamw", "sgd"))
+    assert {p.dtype for p in params} == {torch.bfloat16} and all(p.grad is not None for p in params)

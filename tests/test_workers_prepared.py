@@ -10,7 +10,7 @@ from .harness import kernels
 from .harness.gpus import NO_GPU
 from .harness.kernels import run
 from .harness.waiting import wait_for
-from .harness.workers import WHO, gone, kernel_pid, prepared, processes, tree, whos, workers_state
+from .harness.workers import WHO, gone, imports_done, kernel_pid, prepared, processes, tree, whos, workers_state
 from .harness.workers import start_kernel as start_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -31,6 +31,8 @@ def test_the_notebooks_start_line_adopts_the_workers_prepared_for_it_and_they_se
         assert prep["line"] == START and prep["where"].startswith("cell 1")
         listing = run(kc, "%gpu workers").text
         assert f"prepared for `{START}` (cell 1" in listing and "no CUDA, no GPU memory" in listing
+        listing = imports_done(kc)  # each worker's own word, asked through ipyparallel
+        assert "rank 0: imports done in" in listing and "rank 1: imports done in" in listing, listing
         assert set(prep["pids"]) <= {p.pid for p in tree(kernel_pid(kc))}  # the kernel's own, ended with it
         run(kc, "import os; os.environ['GPUCTX_TEST_NOTE'] = 'set by the notebook'")  # read by no import
         # torch sets TORCHINDUCTOR_CACHE_DIR itself the first time inductor looks for its cache

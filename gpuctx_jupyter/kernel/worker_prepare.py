@@ -54,6 +54,7 @@ class Prepared:
     since: float  # time.time() when they were started
     on: str  # "cuda:0, cuda:1", "the CPU"
     forked: bool = False  # forked from the workers' imports done ahead (kernel/worker_zygote.py)
+    client: object = None  # ipyparallel's client to them: asked how far their imports are; the line's own
 
     @property
     def line(self) -> str:
@@ -123,8 +124,9 @@ class Preparing(Configurable):
             environ, cwd = dict(os.environ), os.getcwd()
             forked = self._launch(ipp, placement.gpus, n, warm, prepared=True, zygote=self._forking(say=False))
             on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
+            client = self.cluster.connect_client_sync()
             self.prepared = Prepared(text, where, n, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on,
-                                     forked=forked)
+                                     forked=forked, client=client)
             self.prepare_note = ""
         except UsageError as exc:
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
@@ -217,6 +219,7 @@ class Preparing(Configurable):
                                 "had imported what reads it")
             return None
         self._environ_diff = ({k: now[k] for k in changed if k in now}, [k for k in changed if k not in now])
+        self.client = prep.client
         return prep
 
     def _drop_prepared(self, why: str) -> None:
@@ -230,10 +233,35 @@ class Preparing(Configurable):
         """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
         prep = self.prepared
         if prep is not None:
-            doing = ("forked with their imports done ahead" if prep.forked
-                     else "importing the notebook's imports at low CPU priority")
+            how = "forked with imports done ahead" if prep.forked else "the notebook's imports at low CPU priority"
             return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {prep.count} worker"
-                    f"{'s' if prep.count != 1 else ''} for {prep.on}, {doing}; no CUDA, no GPU memory — the line adopts them")
+                    f"{'s' if prep.count != 1 else ''} for {prep.on} ({how}), no CUDA, no GPU memory until the line "
+                    f"adopts them — {self._ranks_state(prep)}")
         if self._prepare_thread is not None:
             return "preparing the workers the notebook's `%gpu workers start` line asks for …"
         return self.prepare_note
+
+    @staticmethod
+    def _ranks_state(prep: Prepared, wait: float = 1.0) -> str:
+        """How far each prepared worker's imports are, as the workers say it (within `wait` s)."""
+        from . import worker_side
+
+        ids = sorted(prep.client.ids)
+        if len(ids) < prep.count:
+            return f"{len(ids)} of {prep.count} registered"
+        try:
+            states = prep.client[ids].apply_async(worker_side.warm_state).get(timeout=wait)
+        except Exception as exc:  # noqa: BLE001 — a busy or ending worker: say so, never fail the status
+            return f"no answer from the workers within {wait:g} s ({type(exc).__name__})"
+        said = []
+        for st in sorted(states, key=lambda st: int(st["rank"] or 0)):
+            if st["state"] == "running":
+                doing = f"importing ({st['phase']})" if st["phase"] else "importing"
+            elif st["state"] == "failed":
+                doing = f"warm-up failed: {st['detail']}"
+            elif st["state"] == "off":
+                doing = "no warm-up"
+            else:
+                doing = f"imports done in {st['total']:.1f} s" if st["total"] is not None else "imports done"
+            said.append(f"rank {st['rank']}: {doing}")
+        return "; ".join(said)

@@ -42,6 +42,7 @@ WATCH_EVERY_S = 0.5
 END_GRACE_S = 3.0
 
 _warmer = None  # the warm-up this worker started at its start (kernel/warm/scheduler.Warmer)
+PREPARED = "prepared ahead: no GPU work until the notebook's `%gpu workers start` line runs"
 _placed: dict = {}  # what place() chose: slot, how, problem
 _slot_lock: int | None = None  # the file descriptor that holds this engine's slot on its host
 
@@ -186,12 +187,19 @@ def start_warm(prepare: bool = False) -> None:
         plan = notebook_plan.derive(path, extra_ops=TRAINING_OPS)
         plan.devices, plan.device_where = [], ""  # a worker sees its one GPU as cuda:0
         if prepare:
-            plan.gpu = False
+            plan.gpu, plan.gpu_blocked = False, PREPARED
         return plan
 
     _warmer = Warmer()
     _warmer.nice = prepare
     _warmer.start_plan(make_plan, device=0, source="gpuctx workers (prepared)" if prepare else "gpuctx workers")
+
+
+def warm_state() -> dict:
+    """This worker's rank and warm-up, as `%gpu workers` shows prepared workers."""
+    st = None if _warmer is None else _warmer.status
+    return {"rank": os.environ.get(ENV_RANK), "state": st.state if st else "off", "phase": st.phase if st else "",
+            "total": st.total if st else None, "detail": st.detail if st else ""}
 
 
 def take_environment(update: dict, removed: list) -> None:

@@ -427,7 +427,7 @@ class GpuWorkers(Preparing):
         """Stop the workers and the controller through ipyparallel, then end whatever local
         process it started that still runs; never raises."""
         with self._lock:
-            cluster, client, processes = self.cluster, self.client, self._processes
+            cluster, client, processes = self.cluster, self.client or getattr(self.prepared, "client", None), self._processes
             self.cluster, self.client, self._processes, self.ranks = None, None, [], []
             self.backend = self.rendezvous = self.profile = ""
             self.started = self.ready_in = self.prepared = None
@@ -564,8 +564,8 @@ class GpuWorkers(Preparing):
             report.sections.append(Section("this notebook's workers", header, rows, lines=self.summary_lines()[:1]))
             report.data["workers"] = [{"rank": w.rank, "device": w.device, "pid": w.pid, "host": w.host}
                                       for w in self.ranks]
-        elif self.prepared_line():
-            report.sections.append(Section("this notebook's workers", lines=[self.prepared_line()]))
+        elif line := self.prepared_line():
+            report.sections.append(Section("this notebook's workers", lines=[line]))
         return report
 
     # -- %%on_gpu all ---------------------------------------------------------------------------------

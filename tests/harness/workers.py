@@ -86,6 +86,14 @@ def prepared(kc, workers: int = 2) -> dict:
         raise AssertionError(f"no workers were prepared: {workers_state(kc)}") from None
 
 
+def imports_done(kc, workers: int = 2) -> str:
+    """`%gpu workers` once every prepared worker says its imports are done (its warm-up's end)."""
+    def done():
+        text = run(kc, "%gpu workers").text
+        return all(f"rank {r}: imports done" in text for r in range(workers)) and text
+    return wait_for(done, timeout=240, every=0.5)
+
+
 def processes(pids) -> list[psutil.Process]:
     return [psutil.Process(p) for p in pids]
 

@@ -488,8 +488,8 @@ class Warmer:
     def _gpu_reason(self, plan: Plan, imported) -> str | None:
         """Why no GPU work is done here (None: go ahead)."""
         names = ", ".join(imported) or "nothing"
-        if plan.gpu_blocked:
-            return f"imported {names} only; {plan.gpu_blocked}"
+        if plan.gpu_blocked or not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
+            return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}"
         inv = inventory.take()
         why = inv.no_gpu_reason()
         if why:

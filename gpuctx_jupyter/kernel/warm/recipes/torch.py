@@ -35,7 +35,10 @@ class TorchRecipe:
                     if run.user_gpu:  # the import was CPU work; the step itself is GPU work
                         step.state, step.detail = "skipped", "your own GPU cell started first"
                         continue
-                    run.phase(step, functools.partial(train_step, torch, dev, step.names or ("adamw", "sgd")),
+                    low = low_precision(torch, {s.op for s in steps})
+                    if low:
+                        step.name += f", also in {' and '.join(str(d).split('.')[-1] for d in low)}"
+                    run.phase(step, functools.partial(train_step, torch, dev, step.names or ("adamw", "sgd"), low),
                               heavy=True, handles=True)
                 elif step.op == "compile":
                     self._dynamo(run, step)
@@ -191,9 +194,18 @@ def tiny_net(torch, conv: bool):
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def train_step(torch, dev, optimizers) -> None:
+def low_precision(torch, ops: set[str]) -> tuple:
+    """The dtypes of a model kept in bf16 or fp16 (`.to(dtype=torch.bfloat16)`: its matmuls in that
+    dtype, no autocast, which keeps parameters in fp32)."""
+    if "autocast" in ops or "grad_scaler" in ops:
+        return ()
+    return tuple(d for d, op in ((torch.bfloat16, "matmul_bf16"), (torch.float16, "matmul_fp16")) if op in ops)
+
+
+def train_step(torch, dev, optimizers, low: tuple = ()) -> None:
     """One forward, backward and optimizer step per optimizer on a tiny model: autograd's engine,
-    the optimizers' first use (torch._dynamo, foreach kernels) and zero_grad."""
+    the optimizers' first use (torch._dynamo, foreach kernels) and zero_grad; then the same on a
+    tiny block in each dtype of `low` (low_precision_step)."""
     import torch.nn.functional as F
 
     for name in optimizers:
@@ -207,6 +219,35 @@ def train_step(torch, dev, optimizers) -> None:
             loss.backward()
             opt.step()
         float(loss.detach())
+    for dtype in low:
+        low_precision_step(torch, dev, dtype, optimizers)
+
+
+def low_precision_step(torch, dev, dtype, optimizers) -> list:
+    """A training step of a model whose parameters are bf16 (or fp16): LayerNorm, attention, GELU
+    and the optimizer in that dtype launch kernels of their own, which the fp32 step never loads
+    (each costs its first launch: 0.2 s of a bf16 transformer's first step on an H200)."""
+    import torch.nn.functional as F
+
+    nn = torch.nn
+    norm, qkv = nn.LayerNorm(32), nn.Linear(32, 96)
+    mlp = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
+    for module in (norm, qkv, mlp):
+        module.to(device=dev, dtype=dtype)
+    params = [p for module in (norm, qkv, mlp) for p in module.parameters()]
+    x = torch.randn(2, 16, 32, device=dev, dtype=dtype)
+    for name in optimizers:
+        opt = (torch.optim.AdamW(params, lr=1e-4) if name == "adamw"
+               else torch.optim.SGD(params, lr=0.01, momentum=0.9))
+        for _ in range(2):
+            q, k, v = qkv(norm(x)).view(2, 16, 3, 4, 8).transpose(1, 3).unbind(2)
+            h = x + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(2, 16, 32)
+            loss = (h + mlp(norm(h))).float().pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        float(loss.detach())
+    return params  # (the tests look at them)
 
 
 def compile_tiny(torch, dev) -> None:
