@@ -197,9 +197,8 @@ def start_warm(prepare: bool = False) -> None:
 
 def warm_state() -> dict:
     """This worker's rank and warm-up, as `%gpu workers` shows prepared workers."""
-    st = None if _warmer is None else _warmer.status
-    return {"rank": os.environ.get(ENV_RANK), "state": st.state if st else "off", "phase": st.phase if st else "",
-            "total": st.total if st else None, "detail": st.detail if st else ""}
+    state = {"state": "off", "phase": "", "total": None, "detail": ""} if _warmer is None else _warmer.status.as_dict()
+    return {**state, "rank": os.environ.get(ENV_RANK)}
 
 
 def take_environment(update: dict, removed: list) -> None:

@@ -21,7 +21,8 @@ class TorchRecipe:
         import torch
 
         dev = torch.device("cuda", ordinal)
-        work, tensors = _work(torch, dev, {s.op for s in steps})
+        ops = {s.op for s in steps}
+        work, tensors = _work(torch, dev, ops)
         cells_before = run.cells_started
         # Blocks cached before this batch are the user's (an earlier warm-up emptied its own): a
         # later plan (typed cells) leaves them where the user's next cell will find them.
@@ -35,7 +36,7 @@ class TorchRecipe:
                     if run.user_gpu:  # the import was CPU work; the step itself is GPU work
                         step.state, step.detail = "skipped", "your own GPU cell started first"
                         continue
-                    low = low_precision(torch, {s.op for s in steps})
+                    low = low_precision(torch, ops)
                     if low:
                         step.name += f", also in {' and '.join(str(d).split('.')[-1] for d in low)}"
                     run.phase(step, functools.partial(train_step, torch, dev, step.names or ("adamw", "sgd"), low),
