@@ -195,6 +195,58 @@ def imports_standby_ready(srv: Server, timeout: float = 300) -> float | None:
     return None
 
 
+def standby_footprint(srv: Server, seconds: float = 5.0) -> dict:
+    """What the server's standbys hold while they wait (issue "Ready before it is asked": 0 MiB on
+    every GPU, host memory within the budget they share, no CPU once warm): each standby's process
+    tree (a standby with its workers' imports process) — resident memory, GPU memory and presence in
+    NVML's process lists, CPU time over `seconds` as a share of one core — and the pool's budget."""
+    import psutil
+
+    from gpuctx_jupyter.core import procs
+
+    settled(srv, timeout=90)
+    pool = srv.api("GET", "/gpuctx/api/devices")[1].get("pool") or {}
+    trees = {st["pid"]: {st["pid"], *procs.descendants(st["pid"])} for st in pool.get("standbys", []) if st.get("pid")}
+
+    def cpu(pids: set[int]) -> float:
+        total = 0.0
+        for pid in pids:
+            try:
+                t = psutil.Process(pid).cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.Error:
+                pass
+        return total
+
+    before = {pid: cpu(tree) for pid, tree in trees.items()}
+    time.sleep(seconds)
+    inv = inventory.take()
+    on_gpu = {p.pid for d in inv.devices for p in d.record.processes}
+    out = []
+    for st in pool.get("standbys", []):
+        tree = trees.get(st.get("pid"), set())
+        gpu = inventory.process_memory(inv, tree) if tree else {}
+        out.append({"kind": st.get("kind"), "kernel_name": st.get("kernel_name"), "pid": st.get("pid"),
+                    "processes": len(tree), "rss": st.get("rss"), "imports": st.get("imports"),
+                    "cuda_driver": st.get("cuda_driver"), "gpu_memory": sum(gpu.values()),
+                    "in_nvml": bool(tree & on_gpu),
+                    "cpu_share": round((cpu(tree) - before.get(st.get("pid"), 0.0)) / seconds, 4) if tree else None})
+    return {"host_memory": pool.get("host_memory"), "standbys": out, "seconds": seconds}
+
+
+def footprint_lines(fp: dict) -> list[str]:
+    mem = fp.get("host_memory") or {}
+    gib = lambda b: "–" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
+    lines = [f"standbys hold {gib(mem.get('standbys'))} of host memory, budget {gib(mem.get('budget'))} "
+             f"(a share of the {gib(mem.get('available'))} available, bounded by the {mem.get('limit')})"]
+    for st in fp.get("standbys", []):
+        lines.append(f"  {st['kind']} standby ({st['kernel_name']}, {st['processes']} process(es)): "
+                     f"RSS {gib(st['rss'])}, GPU {st['gpu_memory'] / 2**20:.0f} MiB, in NVML: "
+                     f"{'yes' if st['in_nvml'] else 'no'}, CPU {100 * (st['cpu_share'] or 0):.1f}% of a core "
+                     f"over {fp['seconds']:g} s")
+    return lines
+
+
 def reserve_ready(srv: Server, path: str, timeout: float = 180) -> float | None:
     """Seconds until the server's warm reserve holds a ready standby warmed for `path` (None:
     the server keeps no reserve, or none came within `timeout`)."""
@@ -368,7 +420,7 @@ def main() -> None:
            "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
            "repeat": args.repeat, "idle_s": args.idle, "typed_lead_s": lead,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "imports_standby_first_ready_s": startup}
+           "imports_standby_first_ready_s": startup, "standbys_at_start": standby_footprint(on)}
     t0 = time.monotonic()
     try:
         for rep in range(args.repeat):  # interleaved, so drift hits every case alike
@@ -387,6 +439,7 @@ def main() -> None:
                     runs[name].setdefault(key, []).append(result)
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
+        env["standbys_at_end"] = standby_footprint(on)
     finally:
         for srv in (off, on, nostd):
             srv.stop()
@@ -456,6 +509,9 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 print(f"{'':<40}error: {err}")
     for name, why in skipped.items():
         print(f"{name:<18}skipped: {why}")
+    for when in ("start", "end"):
+        if env.get(f"standbys_at_{when}"):
+            print(f"\nthe defaults' standbys at the {when}: " + "\n".join(footprint_lines(env[f"standbys_at_{when}"])))
     for name, cs in runs.items():
         last = (cs.get("idle") or cs.get("typed, cells sent") or cs.get("runall") or [{}])[-1]
         if last.get("plan"):
