@@ -41,7 +41,10 @@ over the kernel websocket. Cases:
 Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
 from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
 in the same kernel), and the GPU memory the kernel holds at the end (NVML, through
-gpuctx_jupyter.core.inventory inside the kernel). A notebook that needs what this machine lacks
+gpuctx_jupyter.core.inventory inside the kernel; in the JSON also what torch's caching allocator
+reserves of it, dynamo's compile time per phase, and the server's standbys as the cells start and
+end). Before the first play and after the last, what the defaults' standbys hold (host memory
+against their budget, GPU memory, CPU). A notebook that needs what this machine lacks
 (two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
 """
 from __future__ import annotations
@@ -75,13 +78,22 @@ EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "l
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trains
-# Run inside the kernel at the end: its warm-up record, its plan and the GPU memory NVML gives it.
-REPORT = ("import json as _j\nfrom gpuctx_jupyter.core import inventory as _inv\n"
-          "_m = getattr(get_ipython(), '_gpuctx', None)\n"
-          "print(_j.dumps({'memory': _inv.process_memory(_inv.take()), "
-          "'warmup': _m.warmer.status.as_dict() if _m else None, "
-          "'plan': _m.warmer.plan_lines() if _m else [], "
-          "'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))")
+# Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,
+# where torch runs CUDA, what its caching allocator reserves of that (the rest is the context, the
+# loaded kernels and the libraries' workspaces), and where dynamo compiled, its time per phase.
+REPORT = """import json as _j, sys as _s
+from gpuctx_jupyter.core import inventory as _inv
+_m = getattr(get_ipython(), '_gpuctx', None)
+_t = _s.modules.get('torch')
+_r = ({i: _t.cuda.memory_reserved(i) for i in range(_t.cuda.device_count())}
+      if _t is not None and _t.cuda.is_initialized() else None)
+_d = _s.modules.get('torch._dynamo.utils')
+print(_j.dumps({'memory': _inv.process_memory(_inv.take()), 'torch_reserved': _r,
+                'compile_times': _d.compile_times(repr='str', aggregate=True) if _d else None,
+                'warmup': _m.warmer.status.as_dict() if _m else None,
+                'plan': _m.warmer.plan_lines() if _m else [],
+                'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))
+del _j, _s, _inv, _m, _t, _r, _d"""
 
 
 def code_cells(path: str) -> tuple[list[str], dict]:
@@ -195,6 +207,12 @@ def imports_standby_ready(srv: Server, timeout: float = 300) -> float | None:
     return None
 
 
+def pool_states(srv: Server) -> list[str]:
+    """The server's standbys as the cells start and end ("gpu booting 3.1 s"): a standby starting
+    beside the user's cells shares the host's CPUs and the GPU with them."""
+    return [f"{st.get('kind')} {st.get('state')} {st.get('age')} s" for st in standbys(srv)]
+
+
 def standby_footprint(srv: Server, seconds: float = 5.0) -> dict:
     """What the server's standbys hold while they wait (issue "Ready before it is asked": 0 MiB on
     every GPU, host memory within the budget they share, no CPU once warm): each standby's process
@@ -295,6 +313,7 @@ def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float
         rep = s.report()
         out["memory"] = sum((rep.get("memory") or {}).values())
         out["memory_by_gpu"] = rep.get("memory")
+        out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
         out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
         return out
     finally:
@@ -316,7 +335,9 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> di
             s.run_all(cells)  # the user's work before the restart
             out["reserve_wait"] = reserve_ready(srv, path)
             out["restart"] = s.restart()
+        out["pool_before_cells"] = pool_states(srv)
         first = s.run_all(cells) if case in ("runall", "restart") else [s.run(c) for c in cells]
+        out["pool_after_cells"] = pool_states(srv)
         if case == "restart":
             out["restart_to_gpu_cell"] = out["restart"] + sum(r["seconds"] for r in first[:first_gpu_cell(cells) + 1])
         steady = [s.run(c) for c in cells]
@@ -325,6 +346,7 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> di
         rep = s.report()
         out["memory"] = sum((rep.get("memory") or {}).values())
         out["memory_by_gpu"] = rep.get("memory")  # CUDA ordinal -> bytes NVML lists for the kernel
+        out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
         out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
         return out
     finally:

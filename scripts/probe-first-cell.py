@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Where a warmed kernel's first run of a cell still spends its time, beside the second run.
 
-    python3 scripts/probe-first-cell.py NOTEBOOK [--cell N] [--top 25] [--json OUT.json]
+    python3 scripts/probe-first-cell.py NOTEBOOK [--cell N] [--wait S] [--no-profile] [--top 25] [--json OUT.json]
 
 In one fresh process: the warm-up the notebook's plan asks for runs to its end (kernel/warm/, as
 in a server-started kernel), then the notebook's cells before cell N (default: the last code cell),
 then cell N twice under cProfile. Prints both times and the functions whose cumulative time
 differs most between the first run and the second: what the warm-up leaves for the first run
-(for #24, lightning's first Trainer.fit). Runs on a GPU machine or a CPU one.
+(for #24, lightning's first Trainer.fit). `--wait S` sleeps S seconds between the warm-up's end and
+the cells, as a user reading (inductor's compile workers, for one, are shut down after 60-90 s
+without a job and come back cold); `--no-profile` times both runs without cProfile, whose overhead
+inflates Python-heavy work such as a compile. Runs on a GPU machine or a CPU one.
 """
 from __future__ import annotations
 
@@ -26,6 +29,27 @@ def cells(path: str) -> list[str]:
     with open(path) as fh:
         nb = json.load(fh)
     return ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def timed(code, ns) -> tuple[float, dict]:
+    t0 = time.perf_counter()
+    exec(code, ns)
+    sync()
+    return time.perf_counter() - t0, {}
+
+
+def compile_pool() -> str:
+    """The state of inductor's compile workers, where torch.compile has started them."""
+    mod = sys.modules.get("torch._inductor.async_compile")
+    if mod is None:
+        return "inductor not imported"
+    ready = getattr(mod.AsyncCompile, "_ready_future", None)
+    if ready is None:
+        return "no compile workers started (compiles run in this process until they are)"
+    pools = list(getattr(mod, "_pool_set", ()) or ())
+    quiesced = any(getattr(p, "quiesce_waitcounter", None) is not None for p in pools)
+    return (f"compile workers {'ready' if ready.done() else 'starting'}"
+            f"{', quiesced (their processes were shut down: the next job restarts them)' if quiesced else ''}")
 
 
 def profiled(code, ns) -> tuple[float, dict]:
@@ -52,6 +76,8 @@ def main() -> None:
     ap.add_argument("--cell", type=int, default=-1, help="index among the code cells (default: the last)")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-warm", action="store_true", help="skip the warm-up (the cold first run)")
+    ap.add_argument("--wait", type=float, default=0.0, help="seconds between the warm-up's end and the cells")
+    ap.add_argument("--no-profile", action="store_true", help="time the runs without cProfile")
     ap.add_argument("--json")
     args = ap.parse_args()
     sources = cells(args.notebook)
@@ -71,20 +97,25 @@ def main() -> None:
         print(f"warm-up: {state.state} in {warm_s:.2f} s")
         for line in warmer.plan_lines():
             print("  ", line)
+    time.sleep(args.wait)
     for src in before:
         exec(compile(src, "<cell>", "exec"), ns)
     sync()
     code = compile(target, "<cell>", "exec")
-    first_s, first = profiled(code, ns)
-    second_s, second = profiled(code, ns)
-    print(f"first run {first_s * 1e3:.0f} ms (profiled), second {second_s * 1e3:.0f} ms")
+    print(f"after {args.wait:g} s: {compile_pool()}")
+    run = timed if args.no_profile else profiled
+    first_s, first = run(code, ns)
+    second_s, second = run(code, ns)
+    how = "" if args.no_profile else " (profiled)"
+    print(f"first run {first_s * 1e3:.0f} ms{how}, second {second_s * 1e3:.0f} ms")
     diff = sorted(((first[k] - second.get(k, 0.0), k, first[k]) for k in first), reverse=True)[:args.top]
     print(f"{'first - second (ms)':>20} {'first (ms)':>10}  function")
     for d, k, f in diff:
         print(f"{d * 1e3:20.1f} {f * 1e3:10.1f}  {k}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"notebook": args.notebook, "warm_s": warm_s, "first_s": first_s, "second_s": second_s,
+            json.dump({"notebook": args.notebook, "warm_s": warm_s, "wait_s": args.wait, "profiled": not args.no_profile,
+                       "compile_pool": compile_pool(), "first_s": first_s, "second_s": second_s,
                        "diff": [{"ms": d * 1e3, "function": k, "first_ms": f * 1e3} for d, k, f in diff]}, fh, indent=1)
 
 

@@ -62,6 +62,30 @@ def test_an_imports_standby_starts_with_the_server_and_touches_no_cuda(server_fa
     assert psutil.Process(standby["pid"]).nice() == 0  # only its warm-up thread ran at the lowest priority
 
 
+def test_a_warm_imports_standby_uses_no_cpu_while_it_waits(server_factory):
+    """Once its imports (and its workers' imports process's) are done, a standby waiting for a
+    notebook costs the machine no CPU: within 120 s, a 10 s window in which the whole process tree
+    used at most 25 ms of CPU (an idle plain kernel uses ~0; the workers' imports process waking
+    10 times a second had used 50 ms)."""
+    srv = server_factory(env=AUTO)
+    pid = imports_standby(srv)["pid"]
+
+    def used() -> float:
+        total = 0.0
+        for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        return total
+
+    def an_idle_window() -> bool:
+        before = used()
+        threading.Event().wait(10)  # the window measured (the condition waited on is its CPU)
+        return used() - before <= 0.025
+
+    assert len(psutil.Process(pid).children()) == 1  # the workers' imports process is measured too
+    wait_for(an_idle_window, timeout=120, every=0)
+
+
 def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_fresh_kernel(server_factory, tmp_path):
     env = site_with_a_slow_module(tmp_path)
     (tmp_path / "project").mkdir()
