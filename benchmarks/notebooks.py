@@ -84,16 +84,21 @@ TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trai
 REPORT = """import json as _j, sys as _s
 from gpuctx_jupyter.core import inventory as _inv
 _m = getattr(get_ipython(), '_gpuctx', None)
+def _try(f):
+    try:
+        return f()
+    except Exception as e:  # a field that fails says why; the others still come back
+        return f'{type(e).__name__}: {e}'
 _t = _s.modules.get('torch')
-_r = ({i: _t.cuda.memory_reserved(i) for i in range(_t.cuda.device_count())}
-      if _t is not None and _t.cuda.is_initialized() else None)
 _d = _s.modules.get('torch._dynamo.utils')
-print(_j.dumps({'memory': _inv.process_memory(_inv.take()), 'torch_reserved': _r,
-                'compile_times': _d.compile_times(repr='str', aggregate=True) if _d else None,
+print(_j.dumps({'memory': _inv.process_memory(_inv.take()),
+                'torch_reserved': _try(lambda: {i: _t.cuda.memory_reserved(i) for i in range(_t.cuda.device_count())}
+                                       if _t is not None and _t.cuda.is_initialized() else None),
+                'compile_times': _try(lambda: _d.compile_times(repr='str', aggregate=True) if _d else None),
                 'warmup': _m.warmer.status.as_dict() if _m else None,
                 'plan': _m.warmer.plan_lines() if _m else [],
                 'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))
-del _j, _s, _inv, _m, _t, _r, _d"""
+del _j, _s, _inv, _m, _try, _t, _d"""
 
 
 def code_cells(path: str) -> tuple[list[str], dict]:

@@ -13,14 +13,22 @@
 # 3. benchmarks/notebooks.py on compile_fresh, one run of cold, idle and restart: with the pool's
 #    standbys as the cells start and end, dynamo's time per phase and what torch's allocator
 #    reserves (idle used 6.2% more GPU memory than cold).
+# Each step's whole output is in its own .log; the summary lines also go to probes.log. Exits 1
+# when a step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu-env.sh  # py, results, PYTHONPATH
-log="$results/probes.log"
-"$py" scripts/probe-attention.py --json "$results/probe-attention.json" 2>&1 | tee "$log"
+status=0
+step() {  # step NAME FILTER COMMAND...: the command's output to NAME.log, FILTER's lines to probes.log
+  local name="$1" filter="$2"; shift 2
+  "$@" > "$results/$name.log" 2>&1 || { status=1; echo "$name failed (see $name.log):"; tail -5 "$results/$name.log"; }
+  grep -E "$filter" "$results/$name.log" | tee -a "$results/probes.log"
+}
+step probe-attention '.' "$py" scripts/probe-attention.py --json "$results/probe-attention.json"
 for wait in 0 15 100; do
-  "$py" scripts/probe-first-cell.py benchmarks/notebooks/compile_fresh.ipynb --wait "$wait" --no-profile \
-    --json "$results/probe-compile-wait$wait.json" 2>&1 | grep -E "^warm-up:|^after|^first run" | tee -a "$log"
+  step "probe-compile-wait$wait" '^warm-up:|^after|^first run' "$py" scripts/probe-first-cell.py \
+    benchmarks/notebooks/compile_fresh.ipynb --wait "$wait" --no-profile --json "$results/probe-compile-wait$wait.json"
 done
-"$py" benchmarks/notebooks.py --notebooks compile_fresh --cases cold,idle,restart --repeat 1 \
-  --json "$results/notebooks-compile-fresh.json" 2>&1 | grep -v "^    done" | tail -25 | tee -a "$log"
+step notebooks-compile-fresh '^compile_fresh|^ +restart|^notebooks —|standbys|RSS' "$py" benchmarks/notebooks.py \
+  --notebooks compile_fresh --cases cold,idle,restart --repeat 1 --json "$results/notebooks-compile-fresh.json"
+exit $status

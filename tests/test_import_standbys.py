@@ -9,6 +9,7 @@ import signal
 import threading
 
 import psutil
+import pytest
 
 from .harness.faults import assert_clean, pool_of
 from .harness.notebooks import notebook
@@ -62,18 +63,28 @@ def test_an_imports_standby_starts_with_the_server_and_touches_no_cuda(server_fa
     assert psutil.Process(standby["pid"]).nice() == 0  # only its warm-up thread ran at the lowest priority
 
 
+@pytest.mark.timeout(600)  # the standby's and its workers' imports run at the lowest priority first
 def test_a_warm_imports_standby_uses_no_cpu_while_it_waits(server_factory):
     """Once its imports (and its workers' imports process's) are done, a standby waiting for a
-    notebook costs the machine no CPU: within 120 s, a 10 s window in which the whole process tree
+    notebook costs the machine no CPU: within 180 s, a 10 s window in which the whole process tree
     used at most 25 ms of CPU (an idle plain kernel uses ~0; the workers' imports process waking
     10 times a second had used 50 ms)."""
     srv = server_factory(env=AUTO)
     pid = imports_standby(srv)["pid"]
 
+    def the_workers_imports():
+        return next((p for p in psutil.Process(pid).children()
+                     if "imports" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE), None)
+
+    zygote = wait_for(the_workers_imports, timeout=60)  # measured too: it is what used to wake
+
     def used() -> float:
         total = 0.0
         for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-            t = proc.cpu_times()
+            try:
+                t = proc.cpu_times()
+            except psutil.Error:  # a process that ended meanwhile used nothing more
+                continue
             total += t.user + t.system
         return total
 
@@ -82,8 +93,8 @@ def test_a_warm_imports_standby_uses_no_cpu_while_it_waits(server_factory):
         threading.Event().wait(10)  # the window measured (the condition waited on is its CPU)
         return used() - before <= 0.025
 
-    assert len(psutil.Process(pid).children()) == 1  # the workers' imports process is measured too
-    wait_for(an_idle_window, timeout=120, every=0)
+    wait_for(an_idle_window, timeout=180, every=0)
+    assert zygote.is_running() and zygote.status() != psutil.STATUS_ZOMBIE  # it waited, it had not given up
 
 
 def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_fresh_kernel(server_factory, tmp_path):
