@@ -258,13 +258,14 @@ def standby_footprint(srv: Server, seconds: float = 5.0) -> dict:
 
 
 def footprint_lines(fp: dict) -> list[str]:
+    from gpuctx_jupyter.kernel.render import gib, mib  # as every gpuctx view writes bytes
+
     mem = fp.get("host_memory") or {}
-    gib = lambda b: "–" if b is None else f"{b / 2**30:.2f} GiB"  # noqa: E731
     lines = [f"standbys hold {gib(mem.get('standbys'))} of host memory, budget {gib(mem.get('budget'))} "
              f"(a share of the {gib(mem.get('available'))} available, bounded by the {mem.get('limit')})"]
     for st in fp.get("standbys", []):
         lines.append(f"  {st['kind']} standby ({st['kernel_name']}, {st['processes']} process(es)): "
-                     f"RSS {gib(st['rss'])}, GPU {st['gpu_memory'] / 2**20:.0f} MiB, in NVML: "
+                     f"RSS {gib(st['rss'])}, GPU {mib(st['gpu_memory'])}, in NVML: "
                      f"{'yes' if st['in_nvml'] else 'no'}, CPU {100 * (st['cpu_share'] or 0):.1f}% of a core "
                      f"over {fp['seconds']:g} s")
     return lines
