@@ -10,7 +10,10 @@ differs most between the first run and the second: what the warm-up leaves for t
 (for #24, lightning's first Trainer.fit). `--wait S` sleeps S seconds between the warm-up's end and
 the cells, as a user reading (inductor's compile workers, for one, are shut down after 60-90 s
 without a job and come back cold); `--no-profile` times both runs without cProfile, whose overhead
-inflates Python-heavy work such as a compile. Runs on a GPU machine or a CPU one.
+inflates Python-heavy work such as a compile; `--warm-workers N`, once the warm-up is done, waits for
+inductor's compile workers and compiles a graph of N kernels through them (does a worker's first job
+cost the first compile its time?); `--memory` prints torch's allocator (allocated, reserved) after
+the warm-up, after freeing cuBLAS's workspaces, and after the cells. Runs on a GPU machine or a CPU one.
 """
 from __future__ import annotations
 
@@ -52,6 +55,66 @@ def compile_pool() -> str:
             f"{', quiesced (their processes were shut down: the next job restarts them)' if quiesced else ''}")
 
 
+def warm_workers(n: int) -> float:
+    """Compile a graph of n reductions over differently shaped inputs (one kernel each) once the
+    compile workers are ready, so that up to n of them have done a job; returns the seconds it took."""
+    import torch
+    from torch._inductor.async_compile import AsyncCompile
+
+    t0 = time.perf_counter()
+    AsyncCompile.wait_pool_ready(timeout=120)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    xs = [torch.randn(3 + i, 5 + 2 * i, device=dev) for i in range(n)]
+
+    def reductions(*ts):
+        return [t.sin().sum(dim=i % 2) for i, t in enumerate(ts)]
+
+    torch.compile(reductions)(*xs)
+    sync()
+    return time.perf_counter() - t0
+
+
+def workers_memory() -> str:
+    """The host memory of this process's descendants (inductor's sidecar and its workers): RSS, and
+    what each holds alone (private pages, from smaps_rollup)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    todo, found = [os.getpid()], []
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    rss = private = 0
+    for pid in found:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as fh:
+                for line in fh:
+                    key, _, rest = line.partition(":")
+                    if key == "Rss":
+                        rss += int(rest.split()[0])
+                    elif key in ("Private_Clean", "Private_Dirty"):
+                        private += int(rest.split()[0])
+        except OSError:
+            continue
+    return f"{len(found)} processes, RSS {rss / 2**20:.2f} GiB, private {private / 2**20:.2f} GiB"
+
+
+def allocator(label: str) -> dict:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return {}
+    row = {"allocated_mib": torch.cuda.memory_allocated() / 2**20, "reserved_mib": torch.cuda.memory_reserved() / 2**20}
+    print(f"memory {label}: allocated {row['allocated_mib']:.1f} MiB, reserved {row['reserved_mib']:.1f} MiB")
+    return row
+
+
 def profiled(code, ns) -> tuple[float, dict]:
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -78,8 +141,11 @@ def main() -> None:
     ap.add_argument("--no-warm", action="store_true", help="skip the warm-up (the cold first run)")
     ap.add_argument("--wait", type=float, default=0.0, help="seconds between the warm-up's end and the cells")
     ap.add_argument("--no-profile", action="store_true", help="time the runs without cProfile")
+    ap.add_argument("--warm-workers", type=int, default=0, metavar="N")
+    ap.add_argument("--memory", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
+    memory = {}
     sources = cells(args.notebook)
     target = sources[args.cell]
     before = sources[:args.cell % len(sources)]
@@ -97,18 +163,29 @@ def main() -> None:
         print(f"warm-up: {state.state} in {warm_s:.2f} s")
         for line in warmer.plan_lines():
             print("  ", line)
+    if args.memory:
+        memory["after the warm-up"] = allocator("after the warm-up")
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            torch._C._cuda_clearCublasWorkspaces()
+            torch.cuda.empty_cache()
+            memory["cuBLAS workspaces freed"] = allocator("with cuBLAS workspaces freed")
+    if args.warm_workers:
+        print(f"warmed the compile workers with {args.warm_workers} kernels in {warm_workers(args.warm_workers):.2f} s")
     time.sleep(args.wait)
     for src in before:
         exec(compile(src, "<cell>", "exec"), ns)
     sync()
     code = compile(target, "<cell>", "exec")
     pool = compile_pool()  # as the cell starts
-    print(f"after {args.wait:g} s: {pool}")
+    print(f"after {args.wait:g} s: {pool}; descendants: {workers_memory()}")
     run = timed if args.no_profile else profiled
     first_s, first = run(code, ns)
     second_s, second = run(code, ns)
     how = "" if args.no_profile else " (profiled)"
     print(f"first run {first_s * 1e3:.0f} ms{how}, second {second_s * 1e3:.0f} ms")
+    if args.memory:
+        memory["after the cells"] = allocator("after the cells")
     diff = sorted(((first[k] - second.get(k, 0.0), k, first[k]) for k in first), reverse=True)[:args.top]
     print(f"{'first - second (ms)':>20} {'first (ms)':>10}  function")
     for d, k, f in diff:
@@ -116,7 +193,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"notebook": args.notebook, "warm_s": warm_s, "wait_s": args.wait, "profiled": not args.no_profile,
-                       "compile_pool": pool, "first_s": first_s, "second_s": second_s,
+                       "compile_pool": pool, "warm_workers": args.warm_workers, "memory": memory, "first_s": first_s, "second_s": second_s,
                        "diff": [{"ms": d * 1e3, "function": k, "first_ms": f * 1e3} for d, k, f in diff]}, fh, indent=1)
 
 

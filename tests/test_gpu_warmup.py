@@ -206,6 +206,8 @@ def test_a_torch_compile_notebook_gets_a_tiny_compile_on_its_gpu(tmp_path):
         out = warmed(kc)
         step = next(s for s in out["plan"]["steps"] if s.get("name", "").startswith("compile a tiny model"))
         assert step["state"] == "done", step
+        r = run(kc, "import torch\nprint(torch.cuda.memory_allocated())")
+        assert int(r.stdout) == 0  # nothing of the warm-up's left in the allocator, cuBLAS's workspaces included
         r = run(kc, "import torch\nf = torch.compile(torch.nn.Sequential(torch.nn.Linear(32, 8)).cuda())\n"
                     "print(f(torch.randn(2, 32, device='cuda')).shape)", timeout=240)
         assert r.reply["status"] == "ok" and "torch.Size([2, 8])" in r.stdout, r.stderr

@@ -547,3 +547,17 @@ def _other_steps(plan: Plan, name: str, signals: dict, used=None) -> None:
                       module="numba.cuda"))
         plan.add(Step("gpu", "Numba's context and a tiny @cuda.jit kernel", where=where, code=code, op="numba_jit",
                       framework="numba", detail="NVVM and libdevice loaded; your kernels compile on their first launch"))
+
+
+def batches(steps: list[Step]):
+    """Runs of consecutive steps of one sort: ("import", imports) or ("work", GPU/CPU work)."""
+    out: list[tuple[str, list[Step]]] = []
+    for step in steps:
+        if step.kind == "setup":
+            continue
+        kind = "import" if step.kind in ("import", "framework") else "work"
+        if out and out[-1][0] == kind:
+            out[-1][1].append(step)
+        else:
+            out.append((kind, [step]))
+    return out

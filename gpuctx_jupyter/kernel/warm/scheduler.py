@@ -306,7 +306,7 @@ class Warmer:
         self._import_deadline = time.monotonic() + self.import_budget
         gpu = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
         reason, decided = None, False
-        for kind, batch in _batches(plan.steps):  # in the plan's order: the order the notebook needs them
+        for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
                 return  # a newer plan (typed cells) takes over from here: _run carries it out
             if kind == "import":
@@ -384,6 +384,15 @@ class Warmer:
 
     def import_module(self, step: Step) -> None:
         self._import(step)
+
+    def unless_cells_since(self, cells: int, fn) -> bool:
+        """Run `fn` while no cell can start (a cell's start waits for it); False, without running
+        it, when a cell has started since `cells` had, or one does GPU work."""
+        with self._cond:
+            if self._cells_started != cells or self._user_gpu:
+                return False
+            fn()
+            return True
 
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
         self._turn(step, heavy)
@@ -560,8 +569,7 @@ class Warmer:
 
 
 def _timer(seconds: float, fn) -> threading.Timer:
-    timer = threading.Timer(seconds, fn)
-    timer.daemon = True
+    (timer := threading.Timer(seconds, fn)).daemon = True
     timer.start()
     return timer
 
@@ -585,16 +593,3 @@ class _SteppedAside(Exception):
     """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread
     exits now, so that its handles go back to torch's pools for the user's thread."""
 
-
-def _batches(steps: list[Step]):
-    """Runs of consecutive steps of one sort: ("import", imports) or ("work", GPU/CPU work)."""
-    out: list[tuple[str, list[Step]]] = []
-    for step in steps:
-        if step.kind == "setup":
-            continue
-        kind = "import" if step.kind in ("import", "framework") else "work"
-        if out and out[-1][0] == kind:
-            out[-1][1].append(step)
-        else:
-            out.append((kind, [step]))
-    return out

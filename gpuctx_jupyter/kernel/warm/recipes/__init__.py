@@ -37,6 +37,9 @@ class Run(Protocol):
     def wait_background(self) -> None:
         """Until the imports the plan runs in the background have ended."""
 
+    def unless_cells_since(self, cells: int, fn) -> bool:
+        """Run `fn()` while no cell can start; False, without running it, if one has since `cells`."""
+
 
 class Recipe(Protocol):
     framework: str
