@@ -215,6 +215,38 @@ def test_a_torch_compile_notebook_gets_a_tiny_compile_on_its_gpu(tmp_path):
         stop(km, kc)
 
 
+def test_a_torch_compile_notebook_compiles_through_inductors_workers_without_cuda_in_them_and_keeps_them(tmp_path):
+    """After the tiny compile, a compile of gpuctx's own went through inductor's ready workers (the
+    path the notebook's first compile takes); none of them started CUDA, they run at the kernel's
+    priority, and they are kept 10 minutes after their last job instead of torch's one."""
+    import psutil
+
+    from gpuctx_jupyter.core import inventory, procs
+
+    km, kc = notebook_kernel(tmp_path, ["import torch", "f = torch.compile(torch.nn.Linear(16, 16).cuda())"])
+    try:
+        out = warmed(kc)
+        step = next(s for s in out["plan"]["steps"] if s.get("name") == "compile through inductor's workers")
+        assert step["state"] == "done", step
+        r = run(kc, "from torch._inductor.async_compile import AsyncCompile, get_compile_threads\n"
+                    "print(AsyncCompile.process_pool().timer.duration, get_compile_threads())")
+        hold, n = r.stdout.split()
+        assert float(hold) == 600.0, r.stdout
+        pid = int(run(kc, "import os; print(os.getpid())").stdout)
+        workers = psutil.Process(pid).children(recursive=True)
+        assert len(workers) > int(n), workers  # the pool's process and its workers
+        inv = inventory.take()
+        host = {p: (procs.ns_pids(p) or [p])[0] for p in [pid, *(w.pid for w in workers)]}  # NVML's PIDs
+        assert sum(inventory.process_memory(inv, {host[pid]}).values()) > 0  # NVML sees the kernel's own context
+        assert not sum(inventory.process_memory(inv, {host[w.pid] for w in workers}).values()), workers
+        assert {w.nice() for w in workers} == {psutil.Process(pid).nice()}
+        r = run(kc, "import torch\nf = torch.compile(torch.nn.Linear(16, 16).cuda())\n"
+                    "print(f(torch.randn(4, 16, device='cuda')).shape)", timeout=240)
+        assert r.reply["status"] == "ok" and "torch.Size([4, 16])" in r.stdout, r.stderr
+    finally:
+        stop(km, kc)
+
+
 def test_a_jax_notebook_gets_its_backend_and_a_jit_on_its_gpu_without_preallocating(tmp_path):
     pytest.importorskip("jax")
     km, kc = notebook_kernel(tmp_path, ["import jax\nimport jax.numpy as jnp", "g = jax.jit(jax.grad(lambda w: jnp.sum(w ** 2)))"],

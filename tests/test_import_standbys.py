@@ -17,7 +17,7 @@ from .harness.waiting import wait_for
 
 AUTO = {"GPUCTX_SERVER_POOL": "auto"}  # the default (the suite's servers keep no pool otherwise)
 PROBE = ("import json, os, sys\n"
-         "print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), 'path0': sys.path[0], 'argv': sys.argv,"
+         "print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), 'path0': sys.path[0], 'path': sys.path, 'argv': sys.argv,"
          " 'session': os.environ.get('JPY_SESSION_NAME'), 'dunder': globals().get('__session__'),"
          " 'modules': sorted(m for m in ('torch', 'torch._dynamo', 'gpuctx_slow_two') if m in sys.modules),"
          " 'pooled': 'GPUCTX_POOLED' in os.environ, 'note': os.environ.get('GPUCTX_POOL_NOTE'),"
@@ -30,7 +30,7 @@ def site_with_a_slow_module(tmp_path) -> dict:
     site = tmp_path / "lib" / "site-packages"
     (site / "gpuctx_slow_two").mkdir(parents=True)
     (site / "gpuctx_slow_two" / "__init__.py").write_text("import time\ntime.sleep(2)\n")
-    return {**AUTO, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    return {**AUTO, "PYTHONPATH": os.pathsep.join(p for p in [str(site), os.environ.get("PYTHONPATH")] if p)}
 
 
 def imports_standby(srv, at_least: int = 3, timeout: float = 180) -> dict:
@@ -99,6 +99,7 @@ def test_a_warm_imports_standby_uses_no_cpu_while_it_waits(server_factory):
 
 def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_fresh_kernel(server_factory, tmp_path):
     env = site_with_a_slow_module(tmp_path)
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)  # the folder the standby starts in, on PYTHONPATH too
     (tmp_path / "project").mkdir()
     notebook(tmp_path / "project" / "train.ipynb", ["import torch\nimport gpuctx_slow_two", "x = torch.ones(3)"])
     notebook(tmp_path / "project" / "plain.ipynb", "print('no GPU framework')")
@@ -112,6 +113,7 @@ def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_f
     assert adopted["modules"] == ["gpuctx_slow_two", "torch", "torch._dynamo"]  # imported before its first cell
     project = str(tmp_path / "project")
     assert adopted["cwd"] == fresh["cwd"] == project and adopted["path0"] == fresh["path0"]
+    assert adopted["path"] == fresh["path"] and str(tmp_path) in adopted["path"]  # PYTHONPATH's entry stays
     assert adopted["session"].endswith("train.ipynb") and adopted["dunder"] == adopted["session"]
     assert adopted["history"] == fresh["history"] == 1  # only this cell: the hand-over left none
     assert adopted["standby"] is None and adopted["recipe"] == fresh["recipe"] == "notebook"  # a notebook's settings
@@ -257,3 +259,12 @@ def test_a_kernelspec_of_its_own_gets_its_own_standby_never_another(server_facto
     others = {s["pid"] for s in pool_of(srv)["standbys"] if s["kernel_name"] == "myenv"}
     second = probe(srv, srv.start_kernel(name="myenv", path="nb2.ipynb"))
     assert second["pid"] in others | {mine["pid"]} and second["pid"] != python3["pid"]
+
+
+def test_the_hand_over_moves_the_start_directory_and_pythonpaths_relative_entries_and_nothing_else(monkeypatch):
+    from gpuctx_jupyter.kernel.adoption import _rebased
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["src", "/opt/libs", "/srv/root"]))
+    path = ["/srv/root", "/srv/root/src", "/opt/libs", "/srv/root", "/usr/lib/python3"]
+    assert _rebased(path, "/srv/root", "/home/me/project") == [
+        "/home/me/project", "/home/me/project/src", "/opt/libs", "/srv/root", "/usr/lib/python3"]

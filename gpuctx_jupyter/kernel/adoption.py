@@ -13,6 +13,7 @@ import os
 import sys
 
 from ..contract import POOLED, SESSION
+from .warm.recipes import inductor
 
 log = logging.getLogger("gpuctx")
 
@@ -25,9 +26,7 @@ def adopt(ip, content: dict, then=None) -> dict:
     old_cwd = os.getcwd()
     cwd = str(content["cwd"])
     os.chdir(cwd)
-    # `python -m ipykernel_launcher` put the start directory first on sys.path: a fresh kernel
-    # of this notebook would have had its own directory there.
-    sys.path[:] = [cwd if entry == old_cwd else entry for entry in sys.path]
+    sys.path[:] = _rebased(sys.path, old_cwd, cwd)
     for name, value in (content.get("env") or {}).items():
         if value is None:  # the standby had it (its notebook); the new kernel must not
             os.environ.pop(str(name), None)
@@ -41,6 +40,10 @@ def adopt(ip, content: dict, then=None) -> dict:
     connection_file = content.get("connection_file")
     if connection_file:
         _use_connection_file(ip, str(connection_file))
+    try:  # a standby kept inductor's compile workers while it waited: the notebook keeps them as long as any
+        inductor.after_adoption()
+    except Exception as exc:  # noqa: BLE001 — optional, like what follows
+        log.warning("gpuctx: inductor's compile workers after the hand-over: %s: %s", type(exc).__name__, exc)
     if then is not None:
         try:  # optional: a failure here must not undo the hand-over
             then(previous)
@@ -48,6 +51,16 @@ def adopt(ip, content: dict, then=None) -> dict:
             log.warning("gpuctx: warming the adopting notebook's plan failed to start: %s: %s",
                         type(exc).__name__, exc)
     return {"status": "ok", "cwd": os.getcwd()}
+
+
+def _rebased(path: list[str], old_cwd: str, cwd: str) -> list[str]:
+    """sys.path as a kernel started in `cwd` would have had it: `python -m ipykernel_launcher` put
+    its start directory first, and PYTHONPATH's relative entries (an empty one is the start
+    directory itself) were made absolute against it; PYTHONPATH's absolute entries stay, even one
+    that names the directory the standby started in."""
+    moved = {os.path.normpath(os.path.join(old_cwd, e)): os.path.normpath(os.path.join(cwd, e))
+             for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if not os.path.isabs(e)}
+    return [cwd if i == 0 and entry == old_cwd else moved.get(entry, entry) for i, entry in enumerate(path)]
 
 
 def _use_connection_file(ip, path: str) -> None:

@@ -41,6 +41,7 @@ CUDA_SETUP_PREFIXES = ("CUDA_", "NVIDIA_", "PYTORCH_CUDA", "PYTORCH_NVML", "XLA_
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
 WARM_TIMEOUT_S = 180.0  # a standby still warming up by then counts as ready anyway
 HAND_OVER_TIMEOUT_S = 10.0
+RSS_EVERY_S = 5.0  # a standby's memory is read at most this often (smaps_rollup: a few ms a process)
 
 
 class StandbyFailed(Exception):
@@ -62,6 +63,7 @@ class Standby:
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
     paused_s: float = 0.0
     _paused_at: float = 0.0
+    _rss: tuple[float, str, int | None] | None = None  # (when, state, bytes): the last reading
 
     @property
     def ready(self) -> bool:
@@ -88,11 +90,17 @@ class Standby:
         return set(self.imports) or set(self.profile)
 
     def rss(self) -> int | None:
-        """Its resident memory, with its processes' (the workers' imports, kernel/worker_zygote.py)."""
+        """Its resident memory, with its processes' (the workers' imports, kernel/worker_zygote.py;
+        inductor's compile workers, forked from one process: their shared pages count once, PSS).
+        Read again after RSS_EVERY_S seconds, or once its state has changed."""
         if not self.pid:
             return None
-        own = host_memory.rss(self.pid)
-        return None if own is None else own + sum(host_memory.rss(p) or 0 for p in procs.descendants(self.pid))
+        now = time.monotonic()
+        if self._rss is None or now - self._rss[0] >= RSS_EVERY_S or self._rss[1] != self.state:
+            own = host_memory.rss(self.pid)
+            self._rss = (now, self.state, None if own is None else
+                         own + sum(host_memory.pss(p) or 0 for p in procs.descendants(self.pid)))
+        return self._rss[2]
 
     # -- pausing for a running cell ------------------------------------------------------------------
     def pause(self) -> None:

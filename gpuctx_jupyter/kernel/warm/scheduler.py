@@ -29,6 +29,7 @@ from ...core import cuda_driver
 from ...core import frameworks as fws
 from ...core import inventory
 from . import plan as plans
+from . import side_threads as side
 from .plan import Plan, Step
 from .status import WarmState
 from .recipes import RECIPES, recipe
@@ -77,6 +78,7 @@ class Warmer:
         self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
         self.on_plan = None  # called with each plan once its set-up is applied (the workers it names are prepared)
         self.nice = False  # the thread yields the CPU to every other (a prepared worker's, a standby's)
+        self._unniced: side.Unniced | None = None  # while it does: a thread that starts processes at the kernel's priority
 
     @property
     def running(self) -> bool:
@@ -150,7 +152,7 @@ class Warmer:
             self._pending = (make_plan, device, source)
             self._on_start = on_start
             self.status = WarmState(state="running", source=source, device=device, phase="starting")
-        _timer(within, self.go)
+        side.timer(within, self.go)
 
     def answered(self, grace: float = START_GRACE_S) -> None:
         """The kernel answered kernel_info: start once `grace` s pass without another answer."""
@@ -159,7 +161,7 @@ class Warmer:
                 return
             if self._grace is not None:
                 self._grace.cancel()
-            self._grace = _timer(grace, self.go)
+            self._grace = side.timer(grace, self.go)
 
     def cancel_scheduled(self) -> None:
         """Forget a scheduled start that has not begun (unloading)."""
@@ -246,6 +248,7 @@ class Warmer:
     def _run(self, make_plan, device) -> None:
         st = self.status
         if self.nice or os.environ.get(STANDBY):  # a standby of the warm pool yields the CPU to every other process
+            self._unniced = side.Unniced()  # before: what the thread starts for good keeps the kernel's priority
             try:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread (and its helpers)
             except (OSError, AttributeError):
@@ -272,6 +275,9 @@ class Warmer:
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
             log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
         finally:
+            if self._unniced is not None:
+                self._unniced.close()
+                self._unniced = None
             with self._lock:  # a plan asked for after a failure or a step aside waits for the next ask
                 self._exiting, self._next = True, None
             st.phase = ""
@@ -394,6 +400,11 @@ class Warmer:
             fn()
             return True
 
+    def unniced(self, fn):
+        """`fn()`, at the kernel's CPU priority: processes it starts (inductor's compile workers)
+        outlive the warm-up, and a standby's low priority cannot be raised again once inherited."""
+        return self._unniced.run(fn) if self._unniced is not None else fn()
+
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
         self._turn(step, heavy)
         if self._stepping_aside:
@@ -469,20 +480,15 @@ class Warmer:
 
         if not wait:
             self._turn(step, heavy=True)
-            step.state, t0 = "running", time.perf_counter()
+            self._background.append(done)
 
             def background():
                 work()
-                step.seconds = time.perf_counter() - t0
                 if "exc" in box:
                     exc = box["exc"]
-                    step.state, step.detail = "failed", f"{type(exc).__name__}: {exc}"
-                else:
-                    step.state = "done"
-                self.status.phases[step.name] = step.seconds
+                    raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
 
-            self._background.append(done)
-            threading.Thread(target=background, name="gpuctx-warmup-import", daemon=True).start()
+            side.in_background(step, background, self.status.phases)
             return
         try:
             self._phase(step, run, heavy=True)
@@ -566,12 +572,6 @@ class Warmer:
             mine = [s for s in steps if s.framework == fw and s.state == "planned"]
             if mine:
                 recipe(fw).cpu(self, mine)
-
-
-def _timer(seconds: float, fn) -> threading.Timer:
-    (timer := threading.Timer(seconds, fn)).daemon = True
-    timer.start()
-    return timer
 
 
 def _initializing(module) -> bool:

@@ -40,6 +40,9 @@ class Run(Protocol):
     def unless_cells_since(self, cells: int, fn) -> bool:
         """Run `fn()` while no cell can start; False, without running it, if one has since `cells`."""
 
+    def unniced(self, fn):
+        """`fn()` at the kernel's own CPU priority (for processes it starts that outlive the warm-up)."""
+
 
 class Recipe(Protocol):
     framework: str

@@ -4,9 +4,12 @@ takes them from once this thread has exited."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 
+from ....contract import STANDBY
 from ..plan import Step
+from . import inductor
 
 # Ops after which this thread holds cuBLAS/cuDNN handles of its own: while it lives, a user's
 # thread doing the same gets a second set (~100 MiB); once it exits, they go back to torch's pools.
@@ -43,7 +46,16 @@ class TorchRecipe:
                               heavy=True, handles=True)
                 elif step.op == "compile":
                     self._dynamo(run, step)
-                    run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True)
+                    workers = _workers_step(run, step, torch)
+                    if workers is not None:  # started first: ready sooner, and at the kernel's own priority
+                        run.unniced(inductor.start_pool)
+                    if run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True) \
+                            and workers is not None:
+                        why = inductor.wait_ready(lambda: run.user_gpu)
+                        if why:
+                            workers.state, workers.detail = "skipped", why
+                        elif run.phase(workers, functools.partial(inductor.through_workers, torch, dev), heavy=True):
+                            inductor.hold(standby=bool(os.environ.get(STANDBY)))
                 elif step.op in work:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
@@ -264,6 +276,19 @@ def compile_tiny(torch, dev) -> None:
     x = torch.randn(4, 16, device=dev)
     fn(x, *params).backward()
     float(fn(x, *params).detach())
+
+
+def _workers_step(run, step: Step, torch) -> Step | None:
+    """The step that gives inductor's compile workers their first job, placed after the compile
+    step; None where compiles use no workers (the reason goes into the compile step's detail)."""
+    why = inductor.why_not(torch)
+    if why:
+        step.detail = f"compile workers: {why}"
+        return None
+    workers = Step("gpu", "compile through inductor's workers", where=step.where, code=step.code,
+                   framework="torch", op="compile_workers", detail="once they are ready; kept 10 min after their last job")
+    run.plan.steps.insert(run.plan.steps.index(step) + 1, workers)
+    return workers
 
 
 def _release(torch) -> None:
