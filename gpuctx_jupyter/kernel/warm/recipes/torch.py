@@ -49,13 +49,9 @@ class TorchRecipe:
                     workers = _workers_step(run, step, torch)
                     if workers is not None:  # started first: ready sooner, and at the kernel's own priority
                         run.unniced(inductor.start_pool)
-                    if run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True) \
-                            and workers is not None:
-                        why = inductor.wait_ready(lambda: run.user_gpu)
-                        if why:
-                            workers.state, workers.detail = "skipped", why
-                        elif run.phase(workers, functools.partial(inductor.through_workers, torch, dev), heavy=True):
-                            inductor.hold(standby=bool(os.environ.get(STANDBY)))
+                    compiled = run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True)
+                    if workers is not None:
+                        _through_workers(run, workers, torch, dev, compiled)
                 elif step.op in work:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
@@ -289,6 +285,18 @@ def _workers_step(run, step: Step, torch) -> Step | None:
                    framework="torch", op="compile_workers", detail="once they are ready; kept 10 min after their last job")
     run.plan.steps.insert(run.plan.steps.index(step) + 1, workers)
     return workers
+
+
+def _through_workers(run, step: Step, torch, dev, compiled: bool) -> None:
+    """Once the workers take jobs, a compile through them; then they are kept (recipes/inductor.py)."""
+    try:
+        why = inductor.wait_ready(lambda: run.user_gpu) if compiled else "the tiny compile did not run"
+    except Exception as exc:  # noqa: BLE001 — torch's pool refused: the notebook's compile finds out itself
+        why = f"{type(exc).__name__}: {exc}"
+    if why:
+        step.state, step.detail = "skipped", why
+    elif run.phase(step, functools.partial(inductor.through_workers, torch, dev), heavy=True):
+        inductor.hold(standby=bool(os.environ.get(STANDBY)))
 
 
 def _release(torch) -> None:
