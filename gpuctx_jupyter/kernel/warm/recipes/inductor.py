@@ -3,9 +3,10 @@
 torch.compile hands each Triton kernel it generates to a pool of worker processes (one per core,
 up to 32); until they are ready it compiles in the kernel's own process. The warm-up's tiny
 compile runs before they are ready, so the user's first compile was the first to go through them,
-and paid for that path on both sides: a graph never compiled before took 1.8-2.6 s on an H200
-host 15 s after the warm-up, against 1.15-1.2 s once a compile of a few kernels had gone through
-the workers (docs/benchmarks.md). Hence, where the notebook compiles:
+and paid for that path: a graph never compiled before took ~1.8 s on an H200 host 15 s after the
+warm-up, 1.5-2.0 s once this module's compile had gone through the workers (1.15-1.2 s after a
+graph new to every cache, Triton's included, had: docs/benchmarks.md). Hence, where the notebook
+compiles:
 
 - the pool is started first (`start_pool`), by a thread of normal priority: a standby's warm-up
   runs at the lowest, and the workers it started would keep it for the notebook's compiles;
@@ -101,6 +102,6 @@ def _timer():
 
 
 def _four_kernels(a, b, c, d):
-    """What through_workers compiles: a code object of gpuctx's alone (see torch.compile_tiny), one
+    """What through_workers compiles: a code object of gpuctx's alone (see compile_tiny in torch.py), one
     kernel per input (each of its own shape)."""
     return [a.sin().sum(dim=0), b.cos().amax(dim=1), (c * 2 + 1).relu().mean(dim=0), d.exp().sum(dim=1)]

@@ -275,8 +275,9 @@ def compile_tiny(torch, dev) -> None:
 
 
 def _workers_step(run, step: Step, torch) -> Step | None:
-    """The step that gives inductor's compile workers their first job, placed after the compile
-    step; None where compiles use no workers (the reason goes into the compile step's detail)."""
+    """The step that compiles through inductor's workers, placed after the compile step (its own
+    `op`, so that a re-plan knows it as done); None where compiles use no workers (the reason goes
+    into the compile step's detail)."""
     why = inductor.why_not(torch)
     if why:
         step.detail = f"compile workers: {why}"
