@@ -13,7 +13,8 @@ without a job and come back cold); `--no-profile` times both runs without cProfi
 inflates Python-heavy work such as a compile; `--warm-workers N`, once the warm-up is done, waits for
 inductor's compile workers and compiles a graph of N kernels through them (does a worker's first job
 cost the first compile its time?); `--memory` prints torch's allocator (allocated, reserved) after
-the warm-up, after freeing cuBLAS's workspaces, and after the cells. Runs on a GPU machine or a CPU one.
+the warm-up, after freeing cuBLAS's workspaces, and after the cells; `--no-first-jobs` leaves out
+the compile workers' first jobs (recipes/triton_job.py). Runs on a GPU machine or a CPU one.
 """
 from __future__ import annotations
 
@@ -145,6 +146,7 @@ def main() -> None:
     ap.add_argument("--warm-workers", type=int, default=0, metavar="N")
     ap.add_argument("--warm-workers-in", choices=("main", "thread"), default="main")
     ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--no-first-jobs", action="store_true", help="the warm-up without its compile workers' first jobs")
     ap.add_argument("--json")
     args = ap.parse_args()
     memory = {}
@@ -158,6 +160,10 @@ def main() -> None:
         from gpuctx_jupyter.kernel.warm import plan as plans
         from gpuctx_jupyter.kernel.warm.scheduler import Warmer
 
+        if args.no_first_jobs:
+            from gpuctx_jupyter.kernel.warm.recipes import inductor
+
+            inductor.first_jobs = lambda archs: "first jobs off (probe)"
         warmer = Warmer()
         warmer.start_plan(lambda: plans.derive(os.path.abspath(args.notebook)), source="probe")
         state = warmer.wait(timeout=300)
@@ -203,7 +209,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"notebook": args.notebook, "warm_s": warm_s, "wait_s": args.wait, "profiled": not args.no_profile,
-                       "compile_pool": pool, "warm_workers": args.warm_workers, "memory": memory, "first_s": first_s, "second_s": second_s,
+                       "compile_pool": pool, "warm_workers": args.warm_workers, "first_jobs": not args.no_first_jobs, "memory": memory, "first_s": first_s, "second_s": second_s,
                        "diff": [{"ms": d * 1e3, "function": k, "first_ms": f * 1e3} for d, k, f in diff]}, fh, indent=1)
 
 

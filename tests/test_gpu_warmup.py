@@ -216,9 +216,13 @@ def test_a_torch_compile_notebook_gets_a_tiny_compile_on_its_gpu(tmp_path):
 
 
 def test_a_torch_compile_notebook_compiles_through_inductors_workers_without_cuda_in_them_and_keeps_them(tmp_path):
-    """After the tiny compile, a compile of gpuctx's own went through inductor's ready workers (the
-    path the notebook's first compile takes); none of them started CUDA, they run at the kernel's
-    priority, and they are kept 10 minutes after their last job instead of torch's one."""
+    """After the tiny compile, every one of inductor's ready workers ran Triton's compiler once
+    (leaving Triton's cache as it was) and a compile of gpuctx's own went through them (the path the
+    notebook's first compile takes); none of them started CUDA, they run at the kernel's priority,
+    and they are kept 10 minutes after their last job instead of torch's one."""
+    import glob
+    import tempfile
+
     import psutil
 
     from gpuctx_jupyter.core import inventory, procs
@@ -232,6 +236,10 @@ def test_a_torch_compile_notebook_compiles_through_inductors_workers_without_cud
                     "print(AsyncCompile.process_pool().timer.duration, get_compile_threads())")
         hold, n = r.stdout.split()
         assert float(hold) == 600.0, r.stdout
+        assert step["detail"].startswith(f"{n} of {n} workers ran Triton's compiler"), step
+        r = run(kc, "from triton import knobs; print(knobs.cache.dir)")  # where the notebook's kernels are cached
+        assert not glob.glob(os.path.join(r.stdout.strip(), "*", "gpuctx_first_job*")), r.stdout
+        assert not glob.glob(os.path.join(tempfile.gettempdir(), "gpuctx-triton-*"))
         pid = int(run(kc, "import os; print(os.getpid())").stdout)
         workers = psutil.Process(pid).children(recursive=True)
         assert len(workers) > int(n), workers  # the pool's process and its workers
@@ -289,3 +297,48 @@ def test_an_imports_standby_holds_nothing_on_any_gpu_and_an_import_making_a_cont
     pid, dynamo = r.stdout.split()[:2]
     assert int(pid) == standby["pid"] and dynamo == "True" and "2.0" in r.stdout
     ks.close()
+
+
+def test_an_imports_standby_of_a_compiling_notebook_has_inductors_workers_ready_without_cuda(server_factory, tmp_path):
+    """A notebook that calls torch.compile puts inductor into the import profile: the imports
+    standby imports it and starts inductor's compile workers, each of which runs Triton's compiler
+    once — none of them on a GPU (no context, 0 MiB). The notebook that adopts it compiles through them from its
+    warm-up on, with no wait for them to start (5-10 s on an H200 host)."""
+    import psutil
+    import pynvml
+
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+    from gpuctx_jupyter.core import procs
+
+    from .harness.faults import pool_of
+    from .harness.waiting import wait_for
+
+    notebook(tmp_path / "nb.ipynb", ["import torch", "f = torch.compile(torch.nn.Linear(16, 16).cuda())",
+                                     "print(f(torch.randn(4, 16, device='cuda')).shape)"])
+    srv = server_factory(env={"GPUCTX_SERVER_POOL": "auto"})
+    standby = wait_for(lambda: next((s for s in pool_of(srv)["standbys"] if s["kind"] == "imports" and s["ready"]
+                                     and s["imports"] >= 4), None), timeout=300)
+    assert INDUCTOR_MODULE in pool_of(srv)["import_profile"]["modules"]
+    tree = psutil.Process(standby["pid"]).children(recursive=True)
+    sidecar = next(p for p in tree if "compile_worker" in " ".join(p.cmdline()))  # torch's pool process
+    assert sidecar.children(), tree  # its workers
+    pynvml.nvmlInit()
+    listed = {p.pid for i in range(pynvml.nvmlDeviceGetCount())
+              for p in pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))}
+    ours = {(procs.ns_pids(p) or [p])[0] for p in [standby["pid"], *(w.pid for w in tree)]}  # as NVML numbers them
+    assert not listed & ours and not standby["memory"]  # no context: nothing on a GPU (inductor's import
+    # starts the CUDA driver, as torch_geometric's does: the standby is marked so, import_profile.py)
+    ks = srv.channels(srv.start_kernel(path="nb.ipynb"))
+    try:
+        r = ks.execute(PLAN, timeout=240)
+        assert r.reply["status"] == "ok", r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        step = next(s for s in out["plan"]["steps"] if s.get("name") == "compile through inductor's workers")
+        assert step["state"] == "done" and "had run Triton's compiler already" in step["detail"], step
+        r = ks.execute("import os, torch; print(os.getpid())\n"
+                       "f = torch.compile(torch.nn.Linear(16, 16).cuda()); print(f(torch.randn(4, 16, device='cuda')).shape)",
+                       timeout=240)
+        assert r.reply["status"] == "ok" and "torch.Size([4, 16])" in r.stdout, r.stderr
+        assert int(r.stdout.split()[0]) == standby["pid"]
+    finally:
+        ks.close()

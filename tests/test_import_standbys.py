@@ -125,6 +125,23 @@ def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_f
              timeout=60)
 
 
+def test_a_notebook_that_compiles_finds_torch_compiles_own_import_done_by_its_standby(server_factory, tmp_path):
+    """torch.compile's first call imports inductor (1-2 s): a notebook that calls it puts that
+    import into the profile, and the standby it adopts has done it."""
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+
+    notebook(tmp_path / "compiles.ipynb", ["import torch", "f = torch.compile(torch.nn.Linear(4, 4))"])
+    srv = server_factory(env=AUTO)
+    standby = imports_standby(srv, at_least=4)
+    assert INDUCTOR_MODULE in pool_of(srv)["import_profile"]["modules"]
+    ks = srv.channels(srv.start_kernel(path="compiles.ipynb"))
+    try:
+        r = ks.execute(f"import os, sys; print(os.getpid(), {INDUCTOR_MODULE!r} in sys.modules)")
+        assert r.stdout.split() == [str(standby["pid"]), "True"], (r.stdout, r.stderr)
+    finally:
+        ks.close()
+
+
 def test_the_profile_is_remembered_across_server_restarts(server_factory, tmp_path):
     env = site_with_a_slow_module(tmp_path)
     notebook(tmp_path / "train.ipynb", ["import torch\nimport gpuctx_slow_two"])

@@ -72,3 +72,56 @@ def test_processes_started_through_the_unniced_thread_keep_the_kernels_priority(
     t.start()
     t.join(120)
     assert seen == {"unniced": str(base), "own": str(max(base, 19))}, seen
+
+
+STANDBY = """
+import json
+from gpuctx_jupyter.contract import INDUCTOR_MODULE
+from gpuctx_jupyter.kernel.warm import plan as plans
+from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+w = Warmer()
+w.start_plan(lambda: plans.imports_only(["torch", INDUCTOR_MODULE, "torch.optim"]), source="test")
+st = w.wait(timeout=240)
+print(json.dumps({"state": st.state, "detail": st.detail, "steps": [[s.name, s.state, s.detail] for s in w.plan.steps]}))
+"""
+
+
+def test_a_standby_that_imports_torch_compiles_module_starts_the_workers_after_its_imports_or_says_why_not():
+    """An imports standby whose profile has torch.compile's import starts inductor's compile
+    workers once its imports are done (they take 5-10 s to be ready: a notebook read for 10 s
+    compiled before they were). Without Triton, as here on the CPU, the step says why not, and the
+    standby's warm-up is done as one that imports only."""
+    import importlib.util
+
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+
+    out = subprocess.run([sys.executable, "-c", STANDBY], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    names = [name for name, _, _ in res["steps"]]
+    assert names == ["import torch", f"import {INDUCTOR_MODULE}", "import torch.optim", "start inductor's compile workers"]
+    assert [state for _, state, _ in res["steps"][:3]] == ["done"] * 3
+    assert res["state"] == "done" and res["detail"].startswith("imported only"), res
+    _, state, detail = res["steps"][-1]
+    if importlib.util.find_spec("triton") is None:
+        assert (state, detail) == ("skipped", "no Triton: inductor compiles for the CPU in the kernel's own process")
+    else:  # a GPU machine's torch
+        assert state == "done" and "workers ran Triton's compiler" in detail, res
+
+
+def test_a_standbys_workers_compile_for_the_gpus_it_may_use_known_from_nvml(nvml_records, monkeypatch):
+    """A standby starts no CUDA: the architectures its workers' first jobs compile for come from
+    NVML, for the GPUs CUDA will show this kernel (an A100 is 80, an H100 90)."""
+    from gpuctx_jupyter.core.nvml import GpuRecord
+    from gpuctx_jupyter.kernel.warm.recipes import inductor
+
+    nvml_records([GpuRecord(0, "GPU-a100a100-0000-0000-0000-000000000000", "NVIDIA A100-SXM4-80GB",
+                            "00000000:07:00.0", (8, 0), 80 * 2**30, 0),
+                  GpuRecord(1, "GPU-91009100-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3",
+                            "00000000:B3:00.0", (9, 0), 80 * 2**30, 0)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert inductor.visible_archs() == {80, 90}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-9100")
+    assert inductor.visible_archs() == {90}
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert inductor.visible_archs() == set()

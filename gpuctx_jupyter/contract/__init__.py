@@ -84,6 +84,10 @@ DEFAULT_RECIPE = "notebook"
 # A standby of the server's warm pool that imports the server's import profile and touches no CUDA
 # (the notebook that adopts it warms its GPU part); not a setting of the user's.
 STANDBY_RECIPE = "imports"
+# What torch.compile imports on its first call (1-2 s): the import profile counts it as an import of
+# every notebook that compiles, and an imports standby that imports it also starts inductor's
+# compile workers (they take 5-10 s to be ready: longer than a user reads before compiling).
+INDUCTOR_MODULE = "torch._inductor.compile_fx"
 KERNEL_RECIPES = (*RECIPES, STANDBY_RECIPE)
 OPT_OUT_VALUES = ("0", "false", "off", "never")
 _POLICY_ALIASES = {"1": "always", "true": "always", "on": "always", "0": "never", "false": "never",

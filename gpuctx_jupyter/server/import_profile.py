@@ -10,6 +10,8 @@ instant. The profile holds:
 - the top-level imports of installed modules of the notebooks opened or modified most recently
   under the server's root: read at start-up (off the event loop) and again at every open, kept
   across server restarts in Jupyter's data folder;
+- `torch._inductor.compile_fx` for a notebook that calls torch.compile (the import its first
+  compile pays; a standby that imports it starts inductor's compile workers too);
 - what each import costs and what it did, as the standbys report it: a module that failed, did
   not finish in time or created a CUDA context is dropped (logged once); one that started the CUDA
   driver (torch_geometric does) stays, marked, and a standby holding it serves only notebooks whose
@@ -25,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from ..contract import INDUCTOR_MODULE
 from ..contract.notebook import Facts
 
 BASE_TORCH = ("torch", "torch._dynamo", "torch.optim")
@@ -63,12 +66,13 @@ class ImportProfile:
         before = self.modules()
         when = time.time() if when is None else when
         seen = set()
-        for ev in facts.imports():
-            top = ev.module.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__" or ev.module in seen:
+        modules = [ev.module for ev in facts.imports()] + ([INDUCTOR_MODULE] if "compile" in facts.signals else [])
+        for module in modules:
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top == "__future__" or module in seen:
                 continue
-            seen.add(ev.module)
-            entry = self.entries.setdefault(ev.module, Entry(ev.module))
+            seen.add(module)
+            entry = self.entries.setdefault(module, Entry(module))
             entry.seen += 1
             entry.last = max(entry.last, when)
         return self.modules() != before

@@ -25,7 +25,7 @@ import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 
-from ...contract import DEFAULT_OPS, NOTEBOOK_FRAMEWORKS
+from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, NOTEBOOK_FRAMEWORKS
 from ...contract import notebook as nbread
 from ...contract.notebook import Event, Facts
 
@@ -339,7 +339,8 @@ def order_by_need(plan: Plan, first_gpu_cell: int | None) -> None:
 def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
     """A standby's plan: the server's import profile, imported ahead of any notebook, and nothing
     that touches CUDA (the notebook that adopts the standby warms its GPU part itself). As for a
-    notebook's imports: installed packages only, never local code, never the deny list."""
+    notebook's imports: installed packages only, never local code, never the deny list. Where the
+    profile has torch.compile's import, inductor's compile workers are started too (recipes/torch.py)."""
     plan = Plan(recipe="imports", reading="a standby of the server: its import profile, no CUDA", gpu=False)
     for module in modules:
         step = plan.add(Step("import", f"import {module}", where="import profile", module=module))
@@ -349,6 +350,9 @@ def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
             step.state, step.detail = "skipped", f"on the deny list ({entry}): importing it has side effects"
         elif not ok:
             step.state, step.detail = "skipped", why
+    if any(s.module == INDUCTOR_MODULE and s.state == "planned" for s in plan.steps):  # after the imports
+        plan.add(Step("cpu", "start inductor's compile workers", where="import profile: torch.compile",
+                      framework="torch", op="compile_pool", detail="no CUDA"))
     return plan
 
 

@@ -310,7 +310,6 @@ class Warmer:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
         self._import_deadline = time.monotonic() + self.import_budget
-        gpu = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.state == "planned"]
         reason, decided = None, False
         for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
@@ -342,9 +341,9 @@ class Warmer:
             st.state, st.detail = "failed", f"{first.name}: {first.detail}"
         elif missing:
             st.state, st.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
-        elif reason:
+        elif reason and plan.gpu:  # (a plan without GPU work, a standby's, did all it was for)
             st.state, st.detail = "skipped", reason
-        elif not gpu and not plan.gpu:
+        elif not plan.gpu:
             st.state, st.detail = "done", f"imported only ({plan.reading})" if plan.reading else "imported only"
         else:
             st.state = "done"

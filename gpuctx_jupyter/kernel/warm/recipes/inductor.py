@@ -10,8 +10,9 @@ compiles:
 
 - the pool is started first (`start_pool`), by a thread of normal priority: a standby's warm-up
   runs at the lowest, and the workers it started would keep it for the notebook's compiles;
-- after the tiny compile, once the pool is ready (`wait_ready`), a second function of gpuctx's own
-  is compiled, whose kernels the workers compile (`through_workers`);
+- after the tiny compile, once the pool is ready (`wait_ready`), every worker runs Triton's
+  compiler once on a kernel of its own (`first_jobs`, recipes/triton_job.py), and a second
+  function of gpuctx's own is compiled, whose kernels the workers compile (`through_workers`);
 - torch shuts the workers down after 60 s without a job, and the next compile starts them cold:
   they are kept HOLD_S after their last job instead, and for as long as a standby of the warm pool
   waits (`hold`; adoption gives the notebook HOLD_S from then, `after_adoption`).
@@ -21,10 +22,13 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tempfile
 import time
 
 HOLD_S = 600.0  # workers are kept this long after their last job (torch's own: 60 s)
 READY_S = 60.0  # at most this long for the pool to start
+FIRST_JOBS_S = 30.0  # at most this long for every worker's first job
+_first_jobs_done: dict[int, set[int]] = {}  # id of torch's pool -> architectures its workers compiled for
 
 
 def why_not(torch) -> str | None:
@@ -60,6 +64,43 @@ def wait_ready(give_up, timeout: float = READY_S) -> str | None:
             return f"the compile workers were not ready after {timeout:g} s"
         time.sleep(0.1)
     return None
+
+
+def arch_of(torch, dev) -> int | None:
+    """The CUDA architecture Triton compiles `dev`'s kernels for (90 for an H200); None on ROCm."""
+    if torch.version.hip:
+        return None
+    major, minor = torch.cuda.get_device_capability(dev)
+    return major * 10 + minor
+
+
+def visible_archs() -> set[int]:
+    """The architectures of the GPUs this process may use, from NVML: no CUDA (a standby's)."""
+    from ....core import inventory
+
+    return {cc[0] * 10 + cc[1] for cc in (d.record.compute_capability for d in inventory.take().devices) if cc}
+
+
+def first_jobs(archs) -> str:
+    """Every worker runs Triton's compiler once for each of `archs` (recipes/triton_job.py: no
+    CUDA, Triton's cache untouched), unless this pool's workers did already; says what was done."""
+    from torch._inductor.async_compile import AsyncCompile, get_compile_threads
+
+    archs = tuple(sorted(a for a in archs if a))
+    if not archs:
+        return "no first jobs: no NVIDIA GPU's architecture is known"
+    pool = AsyncCompile.process_pool()
+    if set(archs) <= _first_jobs_done.get(id(pool), set()):
+        return "every worker had run Triton's compiler already (a standby's workers)"
+    n = get_compile_threads()
+    from . import triton_job
+
+    with tempfile.TemporaryDirectory(prefix="gpuctx-first-jobs-") as barrier:
+        jobs = [pool.submit(triton_job.run, barrier, n, archs, 5.0) for _ in range(n)]
+        deadline = time.monotonic() + FIRST_JOBS_S
+        pids = {job.result(timeout=max(0.0, deadline - time.monotonic())) for job in jobs}
+    _first_jobs_done.setdefault(id(pool), set()).update(archs)
+    return f"{len(pids)} of {n} workers ran Triton's compiler"
 
 
 def through_workers(torch, dev) -> None:

@@ -69,8 +69,12 @@ class TorchRecipe:
     def cpu(self, run, steps: list[Step]) -> None:
         """No GPU: what still helps on the CPU — the optimizer's torch._dynamo import and one
         training step (autograd and the optimizers' first use), and a tiny compile (inductor's CPU
-        backend: its import, codegen and C++ toolchain's first use)."""
+        backend: its import, codegen and C++ toolchain's first use); in a standby whose import
+        profile has torch.compile's import, inductor's compile workers, started and given their
+        first jobs (no CUDA)."""
         for step in steps:
+            if step.op == "compile_pool" and step.state == "planned":
+                _pool_ahead(run, step)
             if step.op not in ("optimizer", "compile") or step.state != "planned":
                 continue
             if "torch" not in sys.modules:
@@ -296,8 +300,45 @@ def _through_workers(run, step: Step, torch, dev, compiled: bool) -> None:
         why = f"{type(exc).__name__}: {exc}"
     if why:
         step.state, step.detail = "skipped", why
-    elif run.phase(step, functools.partial(inductor.through_workers, torch, dev), heavy=True):
+    elif run.phase(step, functools.partial(_compile_through, step, torch, dev), heavy=True):
         inductor.hold(standby=bool(os.environ.get(STANDBY)))
+
+
+def _pool_ahead(run, step: Step) -> None:
+    """A standby's: inductor's workers ready, and each one's first jobs run, before a notebook
+    compiles (they take 5-10 s to start: on an H200 host a notebook read for 10 s compiled before
+    they were ready); kept while the standby waits. No CUDA: the architectures come from NVML."""
+    torch = sys.modules.get("torch")
+    why = "torch is not imported" if torch is None else inductor.why_not(torch)
+    if why:
+        step.state, step.detail = "skipped", why
+        return
+
+    def start() -> None:
+        run.unniced(inductor.start_pool)
+        why = inductor.wait_ready(lambda: False)
+        if why:
+            raise RuntimeError(why)
+        inductor.hold(standby=bool(os.environ.get(STANDBY)))
+        step.detail = f"no CUDA; {_first_jobs(inductor.visible_archs)}; kept while this standby waits"
+
+    run.phase(step, start)
+
+
+def _first_jobs(archs) -> str:
+    """inductor.first_jobs for the architectures `archs()` names, or why they failed (the workers
+    serve compiles all the same)."""
+    try:
+        return inductor.first_jobs(archs())
+    except Exception as exc:  # noqa: BLE001
+        last = (str(exc).strip().splitlines() or [""])[-1][:200]  # a worker's error ends its traceback
+        return f"their first jobs failed ({type(exc).__name__}: {last})"
+
+
+def _compile_through(step: Step, torch, dev) -> None:
+    jobs = _first_jobs(lambda: {inductor.arch_of(torch, dev)})
+    inductor.through_workers(torch, dev)
+    step.detail = f"{jobs}; kept 10 min after their last job"
 
 
 def _release(torch) -> None:
