@@ -285,3 +285,33 @@ def test_the_hand_over_moves_the_start_directory_and_pythonpaths_relative_entrie
     path = ["/srv/root", "/srv/root/src", "/opt/libs", "/srv/root", "/usr/lib/python3"]
     assert _rebased(path, "/srv/root", "/home/me/project") == [
         "/home/me/project", "/home/me/project/src", "/opt/libs", "/srv/root", "/usr/lib/python3"]
+
+
+def test_the_hand_over_brings_back_a_pth_files_entry_that_pythonpaths_empty_entry_hid(tmp_path, monkeypatch):
+    """An editable install of the code in the standby's start directory (a .pth file naming it)
+    with an empty PYTHONPATH entry (the start directory): site added that directory once, for the
+    empty entry, so moving the empty entry to the notebook's folder lost it — and the package with
+    it. sys.path is compared with a fresh process's in the notebook's folder."""
+    import subprocess
+    import sys
+
+    from gpuctx_jupyter.kernel.adoption import _rebased
+
+    root, sub, tools, sitedir = tmp_path / "root", tmp_path / "root" / "sub", tmp_path / "tools", tmp_path / "site"
+    for d in (sub, tools, sitedir):
+        d.mkdir(parents=True)
+    (tools / "gpuctx_showpath.py").write_text(
+        f"import json, site, sys\nsite.addsitedir({str(sitedir)!r})\nprint(json.dumps(sys.path))\n")
+    (sitedir / "_editable_impl_mine.pth").write_text(f"{root}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep + str(tools)}  # the empty entry first
+
+    def path_in(cwd) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "gpuctx_showpath"], cwd=cwd, env=env, capture_output=True,
+                             text=True, timeout=60, check=True)
+        return json.loads(out.stdout)
+
+    standby, fresh = path_in(root), path_in(sub)
+    assert str(root) in fresh and standby.count(str(root)) == 2  # [0] and the empty entry; the .pth's hidden
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    assert _rebased(standby, str(root), str(sub), sitedirs=[str(sitedir)]) == fresh
+    assert _rebased(fresh, str(sub), str(root), sitedirs=[str(sitedir)]) == standby  # and back

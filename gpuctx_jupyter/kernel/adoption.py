@@ -53,14 +53,55 @@ def adopt(ip, content: dict, then=None) -> dict:
     return {"status": "ok", "cwd": os.getcwd()}
 
 
-def _rebased(path: list[str], old_cwd: str, cwd: str) -> list[str]:
+def _rebased(path: list[str], old_cwd: str, cwd: str, sitedirs: list[str] | None = None) -> list[str]:
     """sys.path as a kernel started in `cwd` would have had it: `python -m ipykernel_launcher` put
     its start directory first, and PYTHONPATH's relative entries (an empty one is the start
     directory itself) were made absolute against it; PYTHONPATH's absolute entries stay, even one
-    that names the directory the standby started in."""
+    that names the directory the standby started in. The .pth files' entries follow: site adds
+    none that is on the path already, so one that a relative entry hid at the standby's start (an
+    editable install of the code in the standby's start directory, with PYTHONPATH's empty entry)
+    comes back after its site dir, and one that a relative entry now names goes."""
     moved = {os.path.normpath(os.path.join(old_cwd, e)): os.path.normpath(os.path.join(cwd, e))
              for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if not os.path.isabs(e)}
-    return [cwd if i == 0 and entry == old_cwd else moved.get(entry, entry) for i, entry in enumerate(path)]
+    out = [cwd if i == 0 and entry == old_cwd else moved.get(entry, entry) for i, entry in enumerate(path)]
+    if not moved:
+        return out
+    for sitedir in _site_dirs() if sitedirs is None else sitedirs:
+        if sitedir not in out:
+            continue
+        added = _pth_paths(sitedir)
+        head = out[:out.index(sitedir) + 1]  # site adds what is not on the path yet (sys.path[0] comes later)
+        out = head + [d for d in added if d not in head[1:]] + [e for e in out[len(head):] if e not in added]
+    return out
+
+
+def _site_dirs() -> list[str]:
+    import site
+
+    own = getattr(site, "getsitepackages", None)  # (absent from some embedded Pythons' site)
+    return [*(own() if own else []), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+
+
+def _pth_paths(sitedir: str) -> list[str]:
+    """The directories `sitedir`'s .pth files add to sys.path, read as site reads them."""
+    out: list[str] = []
+    try:
+        names = sorted(n for n in os.listdir(sitedir) if n.endswith(".pth") and not n.startswith("."))
+    except OSError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(sitedir, name), encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            if not line.strip() or line.startswith(("#", "import ", "import\t")):
+                continue
+            entry = os.path.abspath(os.path.join(sitedir, line.rstrip()))
+            if os.path.exists(entry) and entry not in out:
+                out.append(entry)
+    return out
 
 
 def _use_connection_file(ip, path: str) -> None:
