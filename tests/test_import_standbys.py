@@ -142,6 +142,22 @@ def test_a_notebook_that_compiles_finds_torch_compiles_own_import_done_by_its_st
         ks.close()
 
 
+def test_torch_compile_puts_inductor_into_the_profile_and_torchscript_does_not(tmp_path):
+    import logging
+
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+    from gpuctx_jupyter.contract import notebook as nbread
+    from gpuctx_jupyter.server.import_profile import ImportProfile
+
+    notebook(tmp_path / "script.ipynb", ["import torch", "m = torch.jit.script(torch.nn.Linear(2, 2))"])
+    notebook(tmp_path / "compiles.ipynb", ["import torch", "@torch.compile\ndef f(x):\n    return x + 1"])
+    profile = ImportProfile(None, logging.getLogger("test"), torch_installed=True)
+    profile.learn(nbread.read(str(tmp_path / "script.ipynb")))
+    assert INDUCTOR_MODULE not in profile.modules()
+    profile.learn(nbread.read(str(tmp_path / "compiles.ipynb")))
+    assert INDUCTOR_MODULE in profile.modules()
+
+
 def test_the_profile_is_remembered_across_server_restarts(server_factory, tmp_path):
     env = site_with_a_slow_module(tmp_path)
     notebook(tmp_path / "train.ipynb", ["import torch\nimport gpuctx_slow_two"])

@@ -5,6 +5,7 @@ which exists only where there is a GPU: the GPU test checks it, and that no work
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -95,7 +96,10 @@ def test_a_standby_that_imports_torch_compiles_module_starts_the_workers_after_i
 
     from gpuctx_jupyter.contract import INDUCTOR_MODULE
 
-    out = subprocess.run([sys.executable, "-c", STANDBY], capture_output=True, text=True, timeout=300)
+    from gpuctx_jupyter.contract import STANDBY as STANDBY_ENV
+
+    out = subprocess.run([sys.executable, "-c", STANDBY], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, STANDBY_ENV: "1"})  # as the pool starts a standby
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     names = [name for name, _, _ in res["steps"]]

@@ -46,6 +46,7 @@ SIGNALS = {
     "attention": re.compile(r"\bscaled_dot_product_attention\b|\bMultiheadAttention\b|\bTransformer(?:Encoder|"
                             r"Decoder)?(?:Layer)?\(|\btransformers\b"),
     "compile": re.compile(r"\btorch\.compile\(|\btorch\.jit\.(?:script|trace)\(|@torch\.compile\b"),
+    "torch_compile": re.compile(r"\btorch\.compile\(|@torch\.compile\b"),  # inductor's (not TorchScript's)
     "jax_jit": re.compile(r"\bjax\.jit\b|@jit\b|\bjit\(|\bjax\.grad\b|\bgrad\("),
     # a line that puts work on a GPU: its cell is the notebook's first GPU cell
     "gpu_work": re.compile(r"\.cuda\(|\.to\(\s*(?:device|['\"]cuda)|\bdevice\s*=|['\"]cuda(?::\d+)?['\"]|"

@@ -8,6 +8,7 @@ and the notebook's first cell is In [1].
 """
 from __future__ import annotations
 
+import locale
 import logging
 import os
 import sys
@@ -86,15 +87,19 @@ def _pth_paths(sitedir: str) -> list[str]:
     """The directories `sitedir`'s .pth files add to sys.path, read as site reads them."""
     out: list[str] = []
     try:
-        names = sorted(n for n in os.listdir(sitedir) if n.endswith(".pth") and not n.startswith("."))
+        names = sorted(n for n in os.listdir(sitedir) if n.endswith(".pth"))
     except OSError:
         return out
     for name in names:
         try:
-            with open(os.path.join(sitedir, name), encoding="utf-8") as fh:
-                lines = fh.read().splitlines()
-        except (OSError, UnicodeDecodeError):
+            with open(os.path.join(sitedir, name), "rb") as fh:
+                raw = fh.read()
+        except OSError:
             continue
+        try:
+            lines = raw.decode("utf-8-sig").splitlines()
+        except UnicodeDecodeError:
+            lines = raw.decode(locale.getpreferredencoding(False), errors="replace").splitlines()
         for line in lines:
             if not line.strip() or line.startswith(("#", "import ", "import\t")):
                 continue

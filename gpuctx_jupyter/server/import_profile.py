@@ -66,7 +66,7 @@ class ImportProfile:
         before = self.modules()
         when = time.time() if when is None else when
         seen = set()
-        modules = [ev.module for ev in facts.imports()] + ([INDUCTOR_MODULE] if "compile" in facts.signals else [])
+        modules = [ev.module for ev in facts.imports()] + ([INDUCTOR_MODULE] if "torch_compile" in facts.signals else [])
         for module in modules:
             top = module.split(".")[0]
             if top in sys.stdlib_module_names or top == "__future__" or module in seen:

@@ -6,7 +6,7 @@ import inspect
 import logging
 import os
 
-from ...contract import DEFAULT_OPS, SESSION, STANDBY_RECIPE, WARM_SOURCE, opted_out
+from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, SESSION, STANDBY_RECIPE, WARM_SOURCE, opted_out
 from ...contract import notebook as nbread
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
@@ -60,7 +60,8 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
         except SpecError as exc:
             log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
     if cfg.recipe == STANDBY_RECIPE and os.environ.get(worker_zygote.ENV_WANTED) == "1":
-        why_not = worker_zygote.start_for_standby(tuple(cfg.imports))
+        # not torch.compile's import: it starts the CUDA driver, after which the process may not fork
+        why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE))
         if why_not:
             log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)

@@ -28,7 +28,7 @@ import time
 HOLD_S = 600.0  # workers are kept this long after their last job (torch's own: 60 s)
 READY_S = 60.0  # at most this long for the pool to start
 FIRST_JOBS_S = 30.0  # at most this long for every worker's first job
-_first_jobs_done: dict[int, set[int]] = {}  # id of torch's pool -> architectures its workers compiled for
+_first_jobs_done: dict[int, set[int]] = {}  # id of torch's pool (kept alive by torch) -> architectures done
 
 
 def why_not(torch) -> str | None:
@@ -51,15 +51,15 @@ def start_pool() -> None:
     maybe_warm_pool()
 
 
-def wait_ready(give_up, timeout: float = READY_S) -> str | None:
+def wait_ready(give_up, timeout: float = READY_S, gave_up: str = "your own GPU cell started first") -> str | None:
     """Until the pool's workers take jobs; the reason when they did not in `timeout` s or
-    `give_up()` came true first (checked every 0.1 s)."""
+    `give_up()` came true first (checked every 0.1 s; then `gave_up`)."""
     from torch._inductor.async_compile import AsyncCompile
 
     deadline = time.monotonic() + timeout
     while not AsyncCompile.use_process_pool():
         if give_up():
-            return "your own GPU cell started first"
+            return gave_up
         if time.monotonic() >= deadline:
             return f"the compile workers were not ready after {timeout:g} s"
         time.sleep(0.1)
@@ -95,11 +95,12 @@ def first_jobs(archs) -> str:
     n = get_compile_threads()
     from . import triton_job
 
-    with tempfile.TemporaryDirectory(prefix="gpuctx-first-jobs-") as barrier:
+    with tempfile.TemporaryDirectory(prefix="gpuctx-first-jobs-", ignore_cleanup_errors=True) as barrier:
         jobs = [pool.submit(triton_job.run, barrier, n, archs, 5.0) for _ in range(n)]
         deadline = time.monotonic() + FIRST_JOBS_S
         pids = {job.result(timeout=max(0.0, deadline - time.monotonic())) for job in jobs}
-    _first_jobs_done.setdefault(id(pool), set()).update(archs)
+    if len(pids) == n:  # (else the notebook's warm-up gives the rest theirs)
+        _first_jobs_done.setdefault(id(pool), set()).update(archs)
     return f"{len(pids)} of {n} workers ran Triton's compiler"
 
 

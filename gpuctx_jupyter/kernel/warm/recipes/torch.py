@@ -7,7 +7,7 @@ import functools
 import os
 import sys
 
-from ....contract import STANDBY
+from ....contract import INDUCTOR_MODULE, STANDBY
 from ..plan import Step
 from . import inductor
 
@@ -307,22 +307,30 @@ def _through_workers(run, step: Step, torch, dev, compiled: bool) -> None:
 def _pool_ahead(run, step: Step) -> None:
     """A standby's: inductor's workers ready, and each one's first jobs run, before a notebook
     compiles (they take 5-10 s to start: on an H200 host a notebook read for 10 s compiled before
-    they were ready); kept while the standby waits. No CUDA: the architectures come from NVML."""
-    torch = sys.modules.get("torch")
-    why = "torch is not imported" if torch is None else inductor.why_not(torch)
+    they were ready); kept while the standby waits. No CUDA: the architectures come from NVML.
+    Skipped, saying why, where it cannot be done; it stops waiting once a notebook takes the
+    standby (whose own warm-up then starts the workers itself)."""
+    compile_fx = sys.modules.get(INDUCTOR_MODULE)
+    if compile_fx is None or getattr(getattr(compile_fx, "__spec__", None), "_initializing", False):
+        step.state, step.detail = "skipped", f"{INDUCTOR_MODULE} was not imported"
+        return
+    adopted = lambda: not os.environ.get(STANDBY)  # noqa: E731
+    try:
+        why = inductor.why_not(sys.modules["torch"])
+        if not why:
+            run.unniced(inductor.start_pool)
+            why = inductor.wait_ready(adopted, gave_up="a notebook took this standby first")  # (or paused too long)
+    except Exception as exc:  # noqa: BLE001 — torch's pool refused: a standby's extra never fails its warm-up
+        why = f"{type(exc).__name__}: {exc}"
     if why:
         step.state, step.detail = "skipped", why
         return
 
-    def start() -> None:
-        run.unniced(inductor.start_pool)
-        why = inductor.wait_ready(lambda: False)
-        if why:
-            raise RuntimeError(why)
-        inductor.hold(standby=bool(os.environ.get(STANDBY)))
+    def first_jobs() -> None:
+        inductor.hold(standby=not adopted())
         step.detail = f"no CUDA; {_first_jobs(inductor.visible_archs)}; kept while this standby waits"
 
-    run.phase(step, start)
+    run.phase(step, first_jobs)
 
 
 def _first_jobs(archs) -> str:

@@ -5,8 +5,9 @@ A worker whose first job finds its kernel in Triton's cache on disk loads it and
 compiler; a notebook's graph never compiled before then pays that start in its first compile (on an
 H200 host, 4 kernels compiled through the workers took the next new graph's compile to 1.2 s when
 Triton's cache missed, 1.6 s when it hit: docs/benchmarks.md). So the job compiles into a cache
-folder of its own, removed afterwards: Triton's cache is left as it was. Imported only in a
-worker (it imports triton).
+folder of its own, removed afterwards: Triton's cache is left as it was. It imports triton:
+imported by the kernel only where inductor has imported triton already (to hand `run` to the
+workers), never at gpuctx's import.
 """
 from __future__ import annotations
 
