@@ -14,13 +14,17 @@ import pytest
 pytest.importorskip("torch")
 
 CODE = """
-import json, math
+import json, math, os
 from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 from gpuctx_jupyter.kernel.warm.recipes import inductor
 AsyncCompile.warm_pool()  # torch starts none here (no Triton) unless asked
 waited = inductor.wait_ready(lambda: False, timeout=120)
 holds = []
-for step in (lambda: inductor.hold(standby=False), lambda: inductor.hold(standby=True), inductor.after_adoption):
+def adopted_meanwhile():  # the hand-over removes the variable between a standby's check and its hold
+    os.environ.pop("GPUCTX_STANDBY")
+    inductor.hold(standby=True)
+for step in (lambda: inductor.hold(standby=False), lambda: inductor.hold(standby=True), inductor.after_adoption,
+             lambda: inductor.hold(standby=True), adopted_meanwhile):
     step()
     d = AsyncCompile.process_pool().timer.duration
     holds.append(None if math.isinf(d) else d)
@@ -29,13 +33,16 @@ print(json.dumps({"waited": waited, "n": get_compile_threads(), "holds": holds})
 
 
 def test_the_warm_up_waits_for_the_compile_workers_and_keeps_them():
-    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "GPUCTX_STANDBY": "1"})  # a standby's, until the hand-over
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout.strip().splitlines()[-1])
     if res["n"] <= 1:
         pytest.skip("one CPU: inductor compiles in the kernel's own process, no workers")
     assert res["waited"] is None, res  # ready: they take jobs
-    assert res["holds"] == [600.0, None, 600.0], res  # 10 min; a standby's for as long as it waits; 10 min again
+    # 10 min; a standby's for as long as it waits; 10 min from the hand-over; and when the hand-over
+    # came between a standby's check and its hold
+    assert res["holds"] == [600.0, None, 600.0, None, 600.0], res
 
 
 def test_a_gpu_cell_of_the_users_ends_the_wait_for_workers_still_starting():

@@ -25,6 +25,8 @@ import sys
 import tempfile
 import time
 
+from ....contract import STANDBY
+
 HOLD_S = 600.0  # workers are kept this long after their last job (torch's own: 60 s)
 READY_S = 60.0  # at most this long for the pool to start
 FIRST_JOBS_S = 30.0  # at most this long for every worker's first job
@@ -125,6 +127,8 @@ def hold(standby: bool) -> None:
     timer = _timer()
     if timer is not None:
         timer.duration = math.inf if standby else max(HOLD_S, config.quiesce_async_compile_time)
+        if standby and not os.environ.get(STANDBY):  # handed to a notebook meanwhile (adoption.py
+            after_adoption()  # removes the variable, then calls after_adoption): not forever, then
 
 
 def after_adoption() -> None:
