@@ -14,7 +14,11 @@ inflates Python-heavy work such as a compile; `--warm-workers N`, once the warm-
 inductor's compile workers and compiles a graph of N kernels through them (does a worker's first job
 cost the first compile its time?); `--memory` prints torch's allocator (allocated, reserved) after
 the warm-up, after freeing cuBLAS's workspaces, and after the cells; `--no-first-jobs` leaves out
-the compile workers' first jobs (recipes/triton_job.py). Runs on a GPU machine or a CPU one.
+the compile workers' first jobs (recipes/triton_job.py); `--fresh N` then runs the cells N more
+times, each with the notebook's `width` drawn anew (compile_fresh: a graph never compiled before,
+automatic dynamic shapes off so that each is compiled static as the first was), and compares the
+first of those compiles with the last: what a never-seen graph's first compile in this process
+still pays beyond any later one's. Runs on a GPU machine or a CPU one.
 """
 from __future__ import annotations
 
@@ -129,6 +133,23 @@ def profiled(code, ns) -> tuple[float, dict]:
     return took, {f"{os.path.basename(k[0])}:{k[1]}({k[2]})": v[3] for k, v in stats.stats.items()}
 
 
+def fresh_runs(n: int, before, code, ns, run, times: list) -> tuple[float, dict]:
+    """The cells again n times, each with a new `width` (a graph no cache holds), compiled static;
+    returns the last run's time and profile, and appends each time to `times`."""
+    import torch._dynamo
+
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    last = (0.0, {})
+    for _ in range(n):
+        ns.pop("width", None)
+        for src in before:
+            exec(compile(src, "<cell>", "exec"), ns)
+        sync()
+        last = run(code, ns)
+        times.append(last[0])
+    return last
+
+
 def sync() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
@@ -147,6 +168,7 @@ def main() -> None:
     ap.add_argument("--warm-workers-in", choices=("main", "thread"), default="main")
     ap.add_argument("--memory", action="store_true")
     ap.add_argument("--no-first-jobs", action="store_true", help="the warm-up without its compile workers' first jobs")
+    ap.add_argument("--fresh", type=int, default=0, metavar="N", help="N more runs, each a graph never compiled before")
     ap.add_argument("--json")
     args = ap.parse_args()
     memory = {}
@@ -202,14 +224,19 @@ def main() -> None:
     print(f"first run {first_s * 1e3:.0f} ms{how}, second {second_s * 1e3:.0f} ms")
     if args.memory:
         memory["after the cells"] = allocator("after the cells")
+    fresh_s = []
+    if args.fresh:
+        second_s, second = fresh_runs(args.fresh, before, code, ns, run, fresh_s)
+        print(f"{args.fresh} more graphs never compiled before: {', '.join(f'{s * 1e3:.0f}' for s in fresh_s)} ms")
+    label = "first - last new" if args.fresh else "first - second"
     diff = sorted(((first[k] - second.get(k, 0.0), k, first[k]) for k in first), reverse=True)[:args.top]
-    print(f"{'first - second (ms)':>20} {'first (ms)':>10}  function")
+    print(f"{label + ' (ms)':>20} {'first (ms)':>10}  function")
     for d, k, f in diff:
         print(f"{d * 1e3:20.1f} {f * 1e3:10.1f}  {k}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"notebook": args.notebook, "warm_s": warm_s, "wait_s": args.wait, "profiled": not args.no_profile,
-                       "compile_pool": pool, "warm_workers": args.warm_workers, "first_jobs": not args.no_first_jobs, "memory": memory, "first_s": first_s, "second_s": second_s,
+                       "compile_pool": pool, "warm_workers": args.warm_workers, "first_jobs": not args.no_first_jobs, "memory": memory, "first_s": first_s, "second_s": second_s, "fresh_s": fresh_s,
                        "diff": [{"ms": d * 1e3, "function": k, "first_ms": f * 1e3} for d, k, f in diff]}, fh, indent=1)
 
 
