@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import threading
+import time
 
 import psutil
 import pytest
@@ -331,3 +332,45 @@ def test_the_hand_over_brings_back_a_pth_files_entry_that_pythonpaths_empty_entr
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     assert _rebased(standby, str(root), str(sub), sitedirs=[str(sitedir)]) == fresh
     assert _rebased(fresh, str(sub), str(root), sitedirs=[str(sitedir)]) == standby  # and back
+
+
+@pytest.mark.parametrize("cores", ["few", "many"])
+def test_a_starting_standby_gives_way_to_a_notebooks_running_cell(server_factory, tmp_path, cores):
+    """No standby's start slows a running cell: a standby that is starting is stopped while a
+    notebook's cell runs, for as long as it runs on a machine with few cores, and for the first
+    `standby_yield_s` s elsewhere, where it then goes on at the lowest priority (a cell that trains
+    for hours does not keep the pool empty)."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_slow_thirty").mkdir(parents=True)
+    (site / "gpuctx_slow_thirty" / "__init__.py").write_text("import time\ntime.sleep(30)\n")  # keeps it starting
+    env = {**AUTO, "PYTHONPATH": os.pathsep.join(p for p in [str(site), os.environ.get("PYTHONPATH")] if p)}
+    notebook(tmp_path / "train.ipynb", "import torch\nimport gpuctx_slow_thirty")
+    notebook(tmp_path / "plain.ipynb", "print('no GPU framework')")
+    pause = (["--GpuctxServer.standby_pause_cores=4096"] if cores == "few" else
+             ["--GpuctxServer.standby_pause_cores=0", "--GpuctxServer.standby_yield_s=2"])
+    srv = server_factory(*pause, env=env)
+
+    def standby():
+        return next((s for s in (pool_of(srv) or {}).get("standbys", []) if s["kind"] == "imports"), None)
+
+    pid = wait_for(lambda: (standby() or {}).get("state") == "booting" and standby()["pid"])
+    ks = srv.channels(srv.start_kernel(path="plain.ipynb"))  # no GPU framework: a fresh kernel, not the standby
+    try:
+        wait_for(lambda: standby()["state"] == "booting")  # going on while no cell runs
+        cell = threading.Thread(target=ks.execute, args=("import time; time.sleep(8)",), kwargs={"timeout": 60})
+        t0 = time.monotonic()
+        cell.start()
+        seen = []  # (s into the cell, the standby's state, its process stopped) while the cell runs
+        while cell.is_alive():
+            seen.append((time.monotonic() - t0, standby()["state"], psutil.Process(pid).status() == psutil.STATUS_STOPPED))
+        cell.join()
+    finally:
+        ks.close()
+    during = [(state, stopped) for t, state, stopped in seen if t < 6.5]  # surely within the 8 s cell
+    assert ("paused", True) in during, seen  # stopped once the cell ran
+    after_pause = during[during.index(("paused", True)):]
+    if cores == "few":
+        assert set(after_pause) == {("paused", True)}, seen  # as long as the cell runs
+    else:
+        assert ("booting", False) in after_pause, seen  # going on after 2 s of the cell, at the lowest priority
+    wait_for(lambda: standby()["state"] == "booting" and psutil.Process(pid).status() != psutil.STATUS_STOPPED)

@@ -236,8 +236,17 @@ class GpuctxServer(Configurable):
         2,
         help="""On a machine with at most this many CPU cores, standbys that are starting are paused
         (SIGSTOP) while any kernel of this server runs a cell, and none is started meanwhile, so that
-        a standby never slows a running cell; with more cores they start at the lowest CPU priority.
-        0: never pause.""",
+        a standby never slows a running cell; with more cores see standby_yield_s. 0: never pause
+        for as long as the cell runs.""",
+    ).tag(config=True)
+
+    standby_yield_s = Float(
+        20.0,
+        help="""On a machine with more cores than standby_pause_cores, standbys that are starting are
+        paused (SIGSTOP) for the first this many seconds that any kernel of this server runs cells,
+        then go on at the lowest CPU priority: a notebook's first cells (imports, the first compile)
+        get the machine to themselves, and a cell that trains for hours does not keep the pool
+        empty. 0: never pause there.""",
     ).tag(config=True)
 
     metrics_kernel_labels = Bool(

@@ -14,9 +14,9 @@ The automatic pool (the default, `pool_size` unset) keeps
 
 All standbys together stay within `standby_memory_fraction` of the host memory available (the
 container's limit where one applies); none starts while the host is short, and they go first when
-memory gets short. No standby's start slows a running cell: on a machine with at most
-`standby_pause_cores` cores, starting standbys are paused while a cell runs; elsewhere their
-warm-up runs at the lowest CPU priority.
+memory gets short. No standby's start slows a running cell (giving_way.py): starting standbys are
+paused while cells run (on a machine with more than `standby_pause_cores` cores, for their first
+`standby_yield_s` s, then they go on at the lowest CPU priority).
 
 A launch (provisioner.py) takes the standby whose imports cover the notebook best, unless the
 notebook's set-up must run before those imports, its folder shadows one of them, or an environment
@@ -44,8 +44,8 @@ from jupyter_core.utils import ensure_async
 
 from ..contract import SESSION, STANDBY, STANDBY_RECIPE, WORKER_IMPORTS, WarmSettings, opted_out
 from ..core import host_memory
-from . import kernel_client
 from . import standby as sb
+from .giving_way import GivingWay
 from .import_profile import ImportProfile, recent_notebooks
 from .launch import Launcher
 from .reserve import RESERVE, WARMED_KERNEL_MIB, Reserve
@@ -56,7 +56,6 @@ EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no gpu standby is star
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
 HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
 IMPORT_STANDBY_GUESS = 1 << 30  # host memory an imports standby is counted at before one has run
-YIELD_EVERY_S = 0.2  # how often the pool looks for running cells (few-core machines)
 
 # The log of the standbys' own kernel managers: what they would say (a failed launch's traceback,
 # each time it is retried) the pool says itself, in one line per change of state.
@@ -101,14 +100,15 @@ class Pool:
         self._short: str | None = None  # why no standby may start now (memory), while that lasts
         self._import_specs: set[str] = {getattr(mkm, "default_kernel_name", "python3") or "python3"}
         self._rss_seen = IMPORT_STANDBY_GUESS
-        self.cells_running = False
+        self.giving_way = GivingWay(mkm, cfg)
         self._taking = asyncio.Lock()
 
     # -- running -------------------------------------------------------------------------------
     def start(self) -> None:
         atexit.register(self._kill_all)
         self._tasks = [self.background.spawn(self._maintain(), "keeping the warm pool"),
-                       self.background.spawn(self._yield_to_cells(), "pausing standbys for running cells")]
+                       self.background.spawn(self.giving_way.run(lambda: self.standbys, lambda: self._closing),
+                                             "pausing standbys for running cells")]
         if self.imports_on:
             self.background.spawn(self._learn_from_root(), "reading the notebooks under the root for imports")
 
@@ -248,7 +248,7 @@ class Pool:
         if not self._fits_memory("imports"):
             return (f"standbys would hold more than standby_memory_fraction={self.cfg.standby_memory_fraction:g} "
                     "of the host memory available")
-        if self.cells_running and self._few_cores:
+        if self.giving_way.holding_starts:
             return "waiting for the running cells to finish (a machine with few cores)"
         return "a standby will start shortly"
 
@@ -302,7 +302,7 @@ class Pool:
             health = self.health.setdefault(name, SpecHealth())
             if (have < target and now >= health.retry_at and name not in self.unsupported and not self._short
                     and not (kind == "gpu" and gpu_paused) and self._fits_memory(kind)
-                    and not (self.cells_running and self._few_cores)):
+                    and not self.giving_way.holding_starts):
                 self._starting[(name, kind)] = self._starting.get((name, kind), 0) + 1
                 self.background.spawn(self._spawn(name, kind), f"starting a standby {name} kernel")
 
@@ -369,22 +369,6 @@ class Pool:
 
     def _healthy(self, name: str) -> None:
         self.health[name] = SpecHealth()
-
-    # -- giving way to running cells ---------------------------------------------------------------
-    @property
-    def _few_cores(self) -> bool:
-        return 0 < (os.cpu_count() or 1) <= self.cfg.standby_pause_cores
-
-    async def _yield_to_cells(self) -> None:
-        """On a machine with few cores, pause starting standbys while any kernel runs a cell."""
-        while not self._closing:
-            busy = any(getattr(kernel_client.find(self.mkm, kid), "execution_state", "") == "busy"
-                       for kid in list(self.mkm.list_kernel_ids()))
-            self.cells_running = busy
-            if self._few_cores:
-                for s in self.standbys:
-                    s.pause() if busy else s.resume()
-            await asyncio.sleep(YIELD_EVERY_S)
 
     # -- one standby ---------------------------------------------------------------------------------
     async def _spawn(self, name: str, kind: str) -> None:

@@ -55,16 +55,20 @@ def start_pool() -> None:
 
 def wait_ready(give_up, timeout: float = READY_S, gave_up: str = "your own GPU cell started first") -> str | None:
     """Until the pool's workers take jobs; the reason when they did not in `timeout` s or
-    `give_up()` came true first (checked every 0.1 s; then `gave_up`)."""
+    `give_up()` came true first (checked every 0.1 s; then `gave_up`). Time this process spent
+    stopped (a standby paused while a notebook's cell ran) does not count."""
     from torch._inductor.async_compile import AsyncCompile
 
-    deadline = time.monotonic() + timeout
+    waited, last = 0.0, time.monotonic()
     while not AsyncCompile.use_process_pool():
         if give_up():
             return gave_up
-        if time.monotonic() >= deadline:
+        if waited >= timeout:
             return f"the compile workers were not ready after {timeout:g} s"
         time.sleep(0.1)
+        now = time.monotonic()
+        waited += min(now - last, 1.0)  # a longer gap was a stop, not a wait
+        last = now
     return None
 
 
