@@ -22,6 +22,13 @@ class Memory:
     peak: int | None = None
 
 
+def imported(name: str) -> bool:
+    """Module `name` is imported and has finished importing (a warm-up thread may be importing it
+    right now: it is in sys.modules, half initialised, until then)."""
+    mod = sys.modules.get(name)
+    return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+
+
 class Framework:
     name = ""
     module = ""  # the sys.modules key that says "loaded"
@@ -33,8 +40,7 @@ class Framework:
 
     def loaded(self) -> bool:
         """Imported and finished importing (a warm-up thread may be importing it right now)."""
-        mod = sys.modules.get(self.module)
-        return mod is not None and not getattr(getattr(mod, "__spec__", None), "_initializing", False)
+        return imported(self.module)
 
     def installed(self) -> bool:
         try:

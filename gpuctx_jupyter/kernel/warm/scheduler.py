@@ -447,7 +447,7 @@ class Warmer:
         if time.monotonic() >= self._import_deadline:
             step.state, step.detail = "skipped", f"the import budget ({self.import_budget:g} s) is spent"
             return
-        if step.module in sys.modules and not step.names and not _initializing(sys.modules[step.module]):
+        if fws.imported(step.module) and not step.names:
             step.state, step.detail, step.seconds = "done", "already imported", 0.0
             return
         done, box = threading.Event(), {}
@@ -573,17 +573,13 @@ class Warmer:
                 recipe(fw).cpu(self, mine)
 
 
-def _initializing(module) -> bool:
-    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
-
-
 def _imports_packages(source: str) -> bool:
     """Whether a cell imports a module beyond the standard library that is not fully imported yet
     (it may need what the warm-up is importing)."""
     for name in _IMPORTS.findall(source):
         if name.split(".")[0] in sys.stdlib_module_names and name in sys.modules:
             continue
-        if name not in sys.modules or _initializing(sys.modules[name]):
+        if not fws.imported(name):
             return True
     return False
 

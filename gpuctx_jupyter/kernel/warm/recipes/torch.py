@@ -8,6 +8,7 @@ import os
 import sys
 
 from ....contract import INDUCTOR_MODULE, STANDBY
+from ....core.frameworks import imported
 from ..plan import Step
 from . import inductor
 
@@ -316,8 +317,7 @@ def _pool_ahead(run, step: Step) -> None:
     they were ready); kept while the standby waits. No CUDA: the architectures come from NVML.
     Skipped, saying why, where it cannot be done; it stops waiting once a notebook takes the
     standby (whose own warm-up then starts the workers itself)."""
-    compile_fx = sys.modules.get(INDUCTOR_MODULE)
-    if compile_fx is None or getattr(getattr(compile_fx, "__spec__", None), "_initializing", False):
+    if not imported(INDUCTOR_MODULE):
         step.state, step.detail = "skipped", f"{INDUCTOR_MODULE} was not imported"
         return
     adopted = lambda: not os.environ.get(STANDBY)  # noqa: E731
