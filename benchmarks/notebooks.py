@@ -1,7 +1,7 @@
 """Real notebooks played as a user plays them, cold against warmed by their own plan, through a real jupyter_server.
 
     python benchmarks/notebooks.py [--notebooks mlp_adamw,cnn_sgd] [--cases cold,idle,runall,restart,cpu,typed]
-                                   [--repeat 1] [--until SECONDS] [--idle 10] [--typed-lead 9]
+                                   [--repeat 1] [--until SECONDS] [--idle 10] [--typed-lead 9] [--memory-history]
                                    [--json benchmarks/results/notebooks.json]
     python benchmarks/notebooks.py --merge a.json b.json [--json merged.json]   # runs of several, one table
 
@@ -38,12 +38,16 @@ over the kernel websocket. Cases:
             sent (what the kernel knew before: the empty file), and the defaults with them; the
             first GPU cell's and the first training cell's times are reported.
 
+Each repeat plays every case's servers in turn, in the reverse order on odd repeats, so that
+neither side of a pair (cold against ours) always plays first.
+
 Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
 from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
 in the same kernel), and the GPU memory the kernel holds at the end (NVML, through
 gpuctx_jupyter.core.inventory inside the kernel; in the JSON also what torch's caching allocator
 reserves of it, dynamo's compile time per phase, and the server's standbys as the cells start and
-end). Before the first play and after the last, what the defaults' standbys hold (host memory
+end; torch's allocator's largest segments, and with --memory-history the code that made each).
+Before the first play and after the last, what the defaults' standbys hold (host memory
 against their budget, GPU memory, CPU). A notebook that needs what this machine lacks
 (two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
 """
@@ -89,16 +93,36 @@ def _try(f):
         return f()
     except Exception as e:  # a field that fails says why; the others still come back
         return f'{type(e).__name__}: {e}'
+def _segments(t):  # the allocator's largest segments: MiB reserved, MiB in use, stream, where it was made
+    if t is None or not t.cuda.is_initialized():
+        return None
+    out = []
+    for g in sorted(t.cuda.memory_snapshot(), key=lambda g: -g['total_size'])[:16]:
+        made = [f"{f['name']}@{f['filename'].rsplit('/', 1)[-1]}:{f['line']}" for f in g.get('frames') or ()
+                if f['filename'].endswith('.py')][:8]  # recorded with --memory-history only
+        out.append([round(g['total_size'] / 2**20, 1), round(g['allocated_size'] / 2**20, 1), g['stream'], made])
+    return out
 _t = _s.modules.get('torch')
 _d = _s.modules.get('torch._dynamo.utils')
 print(_j.dumps({'memory': _inv.process_memory(_inv.take()),
                 'torch_reserved': _try(lambda: {i: _t.cuda.memory_reserved(i) for i in range(_t.cuda.device_count())}
                                        if _t is not None and _t.cuda.is_initialized() else None),
                 'compile_times': _try(lambda: _d.compile_times(repr='str', aggregate=True) if _d else None),
+                'allocator': _try(lambda: _segments(_t)),
+                'width': globals().get('width'),
                 'warmup': _m.warmer.status.as_dict() if _m else None,
                 'plan': _m.warmer.plan_lines() if _m else [],
                 'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))
-del _j, _s, _inv, _m, _try, _t, _d"""
+del _j, _s, _inv, _m, _try, _t, _d, _segments"""
+
+
+# --memory-history: sent silently right after the kernel is ready (the warm-up's cell hooks do not
+# see it), so that the report can say which code made each of the allocator's segments. It imports
+# torch and may start CUDA before the cells: a diagnosis of memory, not of time.
+MEMORY_HISTORY = """import torch as _t
+if _t.cuda.is_available():
+    _t.cuda.memory._record_memory_history(max_entries=100000)
+del _t"""
 
 
 def code_cells(path: str) -> tuple[list[str], dict]:
@@ -119,7 +143,7 @@ def why_skip(meta: dict, gpus: int) -> str | None:
 class Session:
     """A notebook opened in a server: its session, kernel and websocket."""
 
-    def __init__(self, srv: Server, path: str):
+    def __init__(self, srv: Server, path: str, history: bool = False):
         self.srv = srv
         t0 = time.perf_counter()
         status, model = srv.api("POST", "/api/sessions", {"path": path, "type": "notebook",
@@ -129,6 +153,8 @@ class Session:
         self.ks = KernelSocket(srv, self.kernel)
         self.ks.wait_ready()
         self.ready = time.perf_counter() - t0
+        if history:
+            self.ks.execute(MEMORY_HISTORY, timeout=120, silent=True)
 
     def run(self, code: str) -> dict:
         r = self.ks.execute(code, timeout=600)
@@ -293,10 +319,11 @@ def first_training_cell(cells: list[str]) -> int | None:
     return next((i for i, c in enumerate(cells) if TRAINING_CELL.search(c)), None)
 
 
-def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float, lead: float) -> dict:
+def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float, lead: float,
+               history: bool = False) -> dict:
     """A new notebook written cell by cell (the `typed` case): each cell typed at the start of its
     slot, the cells so far sent a second later (if `send`), the cell run `lead` s after that."""
-    s = Session(srv, path)
+    s = Session(srv, path, history)
     try:
         out: dict = {"ready": s.ready, "sent": []}
         first = []
@@ -321,14 +348,15 @@ def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float
         out["memory_by_gpu"] = rep.get("memory")
         out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
         out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
+        out["allocator"], out["width"] = rep.get("allocator"), rep.get("width")
         return out
     finally:
         s.close()
 
 
-def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> dict:
+def play(srv: Server, path: str, cells: list[str], case: str, idle: float, history: bool = False) -> dict:
     wait = imports_standby_ready(srv) if case in ("idle", "runall") else None
-    s = Session(srv, path)
+    s = Session(srv, path, history)
     try:
         out = {"ready": s.ready, "standby_wait": wait}
         if case == "cpu":
@@ -354,6 +382,7 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float) -> di
         out["memory_by_gpu"] = rep.get("memory")  # CUDA ordinal -> bytes NVML lists for the kernel
         out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
         out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
+        out["allocator"], out["width"] = rep.get("allocator"), rep.get("width")
         return out
     finally:
         s.close()
@@ -402,6 +431,8 @@ def main() -> None:
                     "slot of each cell in the typed case")
     ap.add_argument("--typed-lead", type=float, default=None, help="typed case: seconds from the cells being sent "
                     "to the cell being run (default: the rest of the slot, --idle - 1)")
+    ap.add_argument("--memory-history", action="store_true", help="record which code made each of torch's "
+                    "allocator segments (JSON: allocator); imports torch before the cells: for memory, not time")
     ap.add_argument("--until", type=float, default=0.0, help="start no notebook after this many seconds (0: no limit)")
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="print and write the medians over these results' runs")
     ap.add_argument("--json", default="benchmarks/results/notebooks.json")
@@ -456,14 +487,15 @@ def main() -> None:
                 if args.until and time.monotonic() - t0 > args.until:
                     print(f"--until {args.until:g} s reached: stopping before {name}, repeat {rep + 1}", file=sys.stderr)
                     break
-                for case, srv, variant in plan:
+                for case, srv, variant in (plan if rep % 2 == 0 else plan[::-1]):  # neither side always first
                     key = f"typed, {variant}" if variant else case if case not in both else f"{case}, {names_of[id(srv)]}"
                     for other in (off, on, nostd):  # no server's standby starts while this one plays
                         settled(other)
                     if variant:
-                        result = play_typed(srv, f"typed_{name}.ipynb", cells, TYPED[variant], args.idle, lead)
+                        result = play_typed(srv, f"typed_{name}.ipynb", cells, TYPED[variant], args.idle, lead,
+                                            args.memory_history)
                     else:
-                        result = play(srv, f"{name}.ipynb", cells, case, args.idle)
+                        result = play(srv, f"{name}.ipynb", cells, case, args.idle, args.memory_history)
                     runs[name].setdefault(key, []).append(result)
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from .harness.kernels import run, start, stop
+from .harness.kernels import reply_to, run, start, stop
 from .harness.notebooks import STATUS, kernel_config_env, notebook
 from .harness.notebooks import warm_status as status
 from .harness.server import Server
@@ -342,3 +342,34 @@ def test_an_imports_standby_of_a_compiling_notebook_has_inductors_workers_ready_
         assert int(r.stdout.split()[0]) == standby["pid"]
     finally:
         ks.close()
+
+
+SEEDED = {"torch": "import torch\ntorch.manual_seed(0)", "cupy": "import cupy as cp\ncp.random.seed(0)"}
+GPU_CELL = {"torch": "x = torch.randn(64, 64, device='cuda')\ny = torch.nn.functional.dropout(x, 0.1) @ x",
+            "cupy": "x = cp.random.rand(1024, dtype=cp.float32)\nprint(float(x.sum()))"}
+# The next cell's draws, then the same right after seeding again: equal if nothing drew in between.
+DRAWS = {"torch": ("a = (torch.randn(4, device='cuda').tolist(), torch.nn.Linear(3, 2).weight.tolist())\n"
+                   "torch.manual_seed(0)\n"
+                   "print(a == (torch.randn(4, device='cuda').tolist(), torch.nn.Linear(3, 2).weight.tolist()))"),
+         "cupy": "a = cp.random.rand(4).tolist()\ncp.random.seed(0)\nprint(a == cp.random.rand(4).tolist())"}
+
+
+@pytest.mark.parametrize("framework", ["torch", "cupy"])
+def test_warm_up_steps_after_a_seeding_cell_leave_the_next_cells_gpu_draws_as_seeded(tmp_path, framework):
+    """The GPU steps (random inputs on the device, dropout, tiny models' initial weights; CuPy's
+    random arrays) run after the cell that seeded — the cells reach the kernel as JupyterLab sends
+    typed cells, after that cell ran — and the next cell draws what the seed gives."""
+    km, kc = notebook_kernel(tmp_path, [])
+    try:
+        assert run(kc, SEEDED[framework], timeout=120).reply["status"] == "ok"
+        request = kc.session.msg("gpuctx_cells_request", {"cells": [SEEDED[framework], GPU_CELL[framework],
+                                                                    DRAWS[framework]]})
+        kc.control_channel.send(request)
+        assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["planned"] >= 1
+        out = warmed(kc)
+        gpu_steps = [st for st in out["plan"]["steps"] if st["kind"] == "gpu"]
+        assert gpu_steps and all(st["state"] == "done" for st in gpu_steps), out["plan"]["steps"]
+        r = run(kc, DRAWS[framework], timeout=120)
+        assert r.reply["status"] == "ok" and r.stdout.strip() == "True", r.text
+    finally:
+        stop(km, kc)

@@ -258,3 +258,33 @@ def test_the_compile_warm_up_runs_on_the_cpu_and_leaves_the_users_graph_as_it_co
         assert r.stdout.strip().splitlines()[-1] == "{'fxgraph_cache_hit': 2, 'fxgraph_cache_miss': 0}", r.stdout
     finally:
         stop(km, kc)
+
+
+SEEDED = "import torch\ntorch.manual_seed(0)"
+# Draws as a notebook's next cell makes them (random inputs, a new model's initial weights), then
+# the same draws right after seeding again: equal only if nothing drew in between.
+DRAWS = ("a, w = torch.randn(4).tolist(), torch.nn.Linear(3, 2).weight.tolist()\ntorch.manual_seed(0)\n"
+         "print(a == torch.randn(4).tolist(), w == torch.nn.Linear(3, 2).weight.tolist())")
+
+
+def test_a_warm_up_step_between_a_seeding_cell_and_the_next_leaves_the_next_cells_numbers_as_seeded(tmp_path):
+    """`torch.manual_seed(0)`, then the warm-up's compile step (a tiny model's initial weights and
+    input, drawn from torch's generator), then the user's draws: they are those of the seed, as in a
+    kernel without gpuctx. The cells reach the kernel as JupyterLab sends typed cells, after the
+    seeding cell ran, so the step runs between the two cells."""
+    nb = tmp_path / "new.ipynb"
+    notebook(nb, [])
+    km, kc = kernel(tmp_path, nb, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    try:
+        assert run(kc, SEEDED, timeout=120).reply["status"] == "ok"
+        request = kc.session.msg("gpuctx_cells_request", {"cells": [SEEDED, COMPILE_CELL, DRAWS]})
+        kc.control_channel.send(request)
+        assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["planned"] >= 1
+        out = plan_of(kc, wait=240)
+        step = next(s for s in out["plan"]["steps"] if s["name"].startswith("compile a tiny model"))
+        assert step["state"] == "done" and "cell started" not in step["detail"], step
+        r = run(kc, DRAWS, timeout=120)
+        assert r.reply["status"] == "ok", r.stderr
+        assert r.stdout.strip() == "True True", r.stdout
+    finally:
+        stop(km, kc)

@@ -28,6 +28,7 @@ import threading
 import time
 
 from ..contract import SESSION
+from . import rng
 
 ENV_PARENT = "GPUCTX_WORKER_PARENT"  # "pid:start time:boot id" of the kernel: the worker ends with it
 ENV_RANK = "GPUCTX_WORKER_RANK"  # the rank, for the engines the kernel starts itself
@@ -307,7 +308,9 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     phases["process group"] = time.perf_counter() - t
     if ddp_step:
         t = time.perf_counter()
+        drawn = rng.save()  # the tiny model's weights and inputs: the notebook's seeded draws stay its own
         _ddp_step(torch, device)
+        rng.restore(drawn)
         phases["DDP step"] = time.perf_counter() - t
     _explain_oom_on_this_worker()
     return {"phases": phases, "warm": warm, "device": str(device), "torch": torch.__version__,

@@ -198,9 +198,11 @@ class KernelSocket:
                 continue
         raise TimeoutError("kernel did not answer kernel_info")
 
-    def execute(self, code: str, timeout: float = 120) -> Run:
+    def execute(self, code: str, timeout: float = 120, silent: bool = False) -> Run:
+        """Run `code` and wait for its reply and the kernel's idle; `silent` as a frontend's own
+        requests (no history, no pre_run_cell: the kernel's cell hooks do not see it)."""
         t0 = time.perf_counter()
-        msg_id = self.send("execute_request", {"code": code, "silent": False, "store_history": True,
+        msg_id = self.send("execute_request", {"code": code, "silent": silent, "store_history": not silent,
                                                "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
         run, idle = None, False
         out = Run(reply={})

@@ -28,6 +28,7 @@ from ...contract import DEFAULT_OPS, STANDBY
 from ...core import cuda_driver
 from ...core import frameworks as fws
 from ...core import inventory
+from .. import rng
 from . import plan as plans
 from . import side_threads as side
 from .plan import Plan, Step
@@ -414,6 +415,7 @@ class Warmer:
         self.status.phase = step.name
         step.state = "running"
         self._under_way.set()
+        cells, drawn = self._cells_started, rng.save()  # what the step draws is given back (kernel/rng.py)
         t0 = time.perf_counter()
         try:
             fn()
@@ -427,10 +429,13 @@ class Warmer:
         finally:
             step.seconds = time.perf_counter() - t0
             self.status.phases[step.name] = step.seconds
-            with self._cond:
+            with self._cond:  # (a cell's start waits on this lock: none can seed meanwhile)
                 if self._cell_started is not None and self.status.first_cell_overlap is None:
                     self.status.first_cell_overlap = time.monotonic() - self._cell_started
                     self._cell_started = None
+                note = rng.restore(drawn) if self._cells_started == cells else rng.OVERLAP
+            if note:
+                step.detail = f"{step.detail}; {note}" if step.detail else note
         step.state = "done"
         return True
 
