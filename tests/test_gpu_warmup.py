@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from .harness.kernels import reply_to, run, start, stop
+from .harness.kernels import control, run, start, stop, warm_up_ended
 from .harness.notebooks import STATUS, kernel_config_env, notebook
 from .harness.notebooks import warm_status as status
 from .harness.server import Server
+from .harness.waiting import wait_for
 
 pytestmark = pytest.mark.gpu
 
@@ -345,7 +346,9 @@ def test_an_imports_standby_of_a_compiling_notebook_has_inductors_workers_ready_
 
 
 SEEDED = {"torch": "import torch\ntorch.manual_seed(0)", "cupy": "import cupy as cp\ncp.random.seed(0)"}
-GPU_CELL = {"torch": "x = torch.randn(64, 64, device='cuda')\ny = torch.nn.functional.dropout(x, 0.1) @ x",
+GPU_CELL = {"torch": ("model = torch.nn.Linear(64, 64).cuda()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "x = torch.randn(64, 64, device='cuda')\n"
+                      "model(torch.nn.functional.dropout(x, 0.1)).sum().backward()\nopt.step()"),
             "cupy": "x = cp.random.rand(1024, dtype=cp.float32)\nprint(float(x.sum()))"}
 # The next cell's draws, then the same right after seeding again: equal if nothing drew in between.
 DRAWS = {"torch": ("a = (torch.randn(4, device='cuda').tolist(), torch.nn.Linear(3, 2).weight.tolist())\n"
@@ -356,19 +359,20 @@ DRAWS = {"torch": ("a = (torch.randn(4, device='cuda').tolist(), torch.nn.Linear
 
 @pytest.mark.parametrize("framework", ["torch", "cupy"])
 def test_warm_up_steps_after_a_seeding_cell_leave_the_next_cells_gpu_draws_as_seeded(tmp_path, framework):
-    """The GPU steps (random inputs on the device, dropout, tiny models' initial weights; CuPy's
-    random arrays) run after the cell that seeded — the cells reach the kernel as JupyterLab sends
-    typed cells, after that cell ran — and the next cell draws what the seed gives."""
+    """The GPU steps (random inputs on the device, dropout, the backward and optimizer steps' tiny
+    models, whose initial weights are drawn on the CPU; CuPy's random arrays) run after the cell
+    that seeded — the cells reach the kernel as JupyterLab sends typed cells, after that cell ran —
+    and the next cell draws what the seed gives, on the GPU and the CPU."""
     km, kc = notebook_kernel(tmp_path, [])
     try:
         assert run(kc, SEEDED[framework], timeout=120).reply["status"] == "ok"
-        request = kc.session.msg("gpuctx_cells_request", {"cells": [SEEDED[framework], GPU_CELL[framework],
-                                                                    DRAWS[framework]]})
-        kc.control_channel.send(request)
-        assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["planned"] >= 1
-        out = warmed(kc)
-        gpu_steps = [st for st in out["plan"]["steps"] if st["kind"] == "gpu"]
-        assert gpu_steps and all(st["state"] == "done" for st in gpu_steps), out["plan"]["steps"]
+        cells = [SEEDED[framework], GPU_CELL[framework], DRAWS[framework]]
+        assert control(kc, "gpuctx_cells_request", {"cells": cells})["planned"] >= 1
+        last = "optimizer step" if framework == "torch" else "cupy ops"  # (over the control channel: no cell)
+        view = wait_for(lambda: warm_up_ended(kc, last), timeout=240, every=0.5)
+        gpu_steps = [st for st in view["plan"]["steps"] if st["kind"] == "gpu"]
+        assert gpu_steps and all(st["state"] == "done" and "cell started" not in st["detail"]
+                                 for st in gpu_steps), view["plan"]["steps"]
         r = run(kc, DRAWS[framework], timeout=120)
         assert r.reply["status"] == "ok" and r.stdout.strip() == "True", r.text
     finally:

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from .harness.kernels import reply_to, run, start, stop
+from .harness.kernels import control, reply_to, run, start, stop, warm_up_ended
 from .harness.notebooks import notebook
+from .harness.waiting import wait_for
 
 PLAN = ("import json; m = get_ipython()._gpuctx; m.warmer.wait({wait})\n"
         "print(json.dumps({{'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict() if m.warmer.plan "
@@ -277,11 +278,10 @@ def test_a_warm_up_step_between_a_seeding_cell_and_the_next_leaves_the_next_cell
     km, kc = kernel(tmp_path, nb, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     try:
         assert run(kc, SEEDED, timeout=120).reply["status"] == "ok"
-        request = kc.session.msg("gpuctx_cells_request", {"cells": [SEEDED, COMPILE_CELL, DRAWS]})
-        kc.control_channel.send(request)
-        assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["planned"] >= 1
-        out = plan_of(kc, wait=240)
-        step = next(s for s in out["plan"]["steps"] if s["name"].startswith("compile a tiny model"))
+        assert control(kc, "gpuctx_cells_request", {"cells": [SEEDED, COMPILE_CELL, DRAWS]})["planned"] >= 1
+        # waiting over the control channel: a cell that waited would overlap the step it waits for
+        view = wait_for(lambda: warm_up_ended(kc, "compile a tiny model"), timeout=300, every=0.5)
+        step = next(s for s in view["plan"]["steps"] if s["name"].startswith("compile a tiny model"))
         assert step["state"] == "done" and "cell started" not in step["detail"], step
         r = run(kc, DRAWS, timeout=120)
         assert r.reply["status"] == "ok", r.stderr

@@ -7,10 +7,13 @@ between the user's cells: without this, a seeded notebook's model got other init
 in a kernel without gpuctx. So what a step draws is taken back: `save()` before it, `restore()`
 after it, while no cell can start (the caller's lock).
 
-Only the generators of modules already imported are read; nothing is imported here. A generator
-that came into being during the step (torch imported, CUDA started) is set back to its start: its
-own initial seed, nothing drawn. NumPy's legacy global generator and Python's `random` are given
-back too; JAX has no global generator; CuPy's is kept apart by its recipe (recipes/cupy.py).
+Only the generators of modules that have finished importing are read (nothing is imported here;
+one half imported by a background import cannot be read safely). A generator that came into being
+during the step is set back to its start: torch's CPU one to its own initial seed with nothing
+drawn; CUDA's to the state torch's lazy start gave them, which a notebook may have queued before
+CUDA started (`torch.manual_seed`, `torch.cuda.set_rng_state`) — read by a call queued behind the
+notebook's own. NumPy's legacy global generator and Python's `random` are given back too; JAX has
+no global generator; CuPy's recipe draws from a generator of its own (recipes/cupy.py).
 """
 from __future__ import annotations
 
@@ -18,29 +21,28 @@ import logging
 import random
 import sys
 
+from ..core.frameworks import imported
+
 log = logging.getLogger("gpuctx")
 # A step's note where a cell started while it ran: the cell may have seeded the generators, so they
 # are left as they are, the step's draws and the cell's interleaved as any two threads' would be.
 OVERLAP = "a cell started during this step: random numbers drawn meanwhile may differ from a kernel without gpuctx"
 
 
-def save() -> dict:
-    """The states of the global generators that exist now."""
-    saved: dict = {"random": random.getstate()}
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:
-        saved["numpy"] = np_random.get_state()
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "default_generator"):  # (not while torch is half imported)
-        saved["torch"] = torch.default_generator.get_state()
-        if torch.cuda.is_initialized():
-            saved["cuda"] = [g.get_state() for g in torch.cuda.default_generators]
-    return saved
+def save(cuda_may_start: bool = False) -> dict:
+    """The states of the global generators that exist now (`cuda_may_start`: a GPU step, which may
+    start CUDA); never raises (what could not be read is said in "error", and nothing is put back)."""
+    try:
+        return _save(cuda_may_start)
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def restore(saved: dict) -> str | None:
     """Every global generator as `saved` found it, or at its start where it was not there yet;
     None, or a note saying why not (never raises: the warm-up's work is done all the same)."""
+    if "error" in saved:
+        return f"random generators not saved ({saved['error']})"
     try:
         _restore(saved)
     except Exception as exc:  # noqa: BLE001
@@ -49,17 +51,34 @@ def restore(saved: dict) -> str | None:
     return None
 
 
+def _save(cuda_may_start: bool) -> dict:
+    saved: dict = {"random": random.getstate()}
+    if imported("numpy.random"):
+        saved["numpy"] = sys.modules["numpy.random"].get_state()
+    if imported("torch"):
+        torch = sys.modules["torch"]
+        saved["torch"] = torch.default_generator.get_state()
+        if torch.cuda.is_initialized():
+            saved["cuda"] = [g.get_state() for g in torch.cuda.default_generators]
+        elif cuda_may_start:  # its generators as CUDA's start leaves them, before the step draws
+            at_start: list = []
+            lazy_call = getattr(torch.cuda, "_lazy_call", None)
+            if lazy_call is not None:
+                lazy_call(lambda: at_start.extend(g.get_state() for g in torch.cuda.default_generators))
+            saved["cuda_at_start"] = at_start
+    return saved
+
+
 def _restore(saved: dict) -> None:
     random.setstate(saved["random"])
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None and "numpy" in saved:  # (one made during the step was seeded afresh anyway)
-        np_random.set_state(saved["numpy"])
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "default_generator"):
+    if "numpy" in saved and imported("numpy.random"):  # (one made during the step was seeded afresh anyway)
+        sys.modules["numpy.random"].set_state(saved["numpy"])
+    if not imported("torch"):
         return
+    torch = sys.modules["torch"]
     _put(torch.default_generator, saved.get("torch"))
     if torch.cuda.is_initialized():
-        states = saved.get("cuda") or []
+        states = saved.get("cuda") or saved.get("cuda_at_start") or []
         for i, gen in enumerate(torch.cuda.default_generators):
             _put(gen, states[i] if i < len(states) else None)
 

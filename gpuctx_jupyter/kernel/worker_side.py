@@ -308,9 +308,11 @@ def boot(rank: int, local_rank: int, world_size: int, local_world_size: int, mas
     phases["process group"] = time.perf_counter() - t
     if ddp_step:
         t = time.perf_counter()
-        drawn = rng.save()  # the tiny model's weights and inputs: the notebook's seeded draws stay its own
-        _ddp_step(torch, device)
-        rng.restore(drawn)
+        drawn = rng.save(cuda_may_start=True)  # the tiny model's weights and inputs: the notebook's draws stay its own
+        try:
+            _ddp_step(torch, device)
+        finally:
+            rng.restore(drawn)
         phases["DDP step"] = time.perf_counter() - t
     _explain_oom_on_this_worker()
     return {"phases": phases, "warm": warm, "device": str(device), "torch": torch.__version__,

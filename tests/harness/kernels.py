@@ -118,6 +118,23 @@ def reply_to(kc, msg_id: str, timeout: float = 30, channel: str = "shell") -> di
             return msg
 
 
+def control(kc, msg_type: str, content: dict, timeout: float = 30) -> dict:
+    """A request of gpuctx's on the control channel, and its reply's content: it reaches the kernel
+    without running a cell (no cell starts, so the warm-up does not pause or step aside for it)."""
+    request = kc.session.msg(msg_type, content)
+    kc.control_channel.send(request)
+    return reply_to(kc, request["header"]["msg_id"], timeout=timeout, channel="control")["content"]
+
+
+def warm_up_ended(kc, step_prefix: str) -> dict | None:
+    """The kernel view (`gpuctx_request`) once its warm-up has stopped running with a step named
+    `step_prefix...` in its plan, ended; else None (for wait_for)."""
+    view = control(kc, "gpuctx_request", {})
+    steps = (view.get("plan") or {}).get("steps", [])
+    ended = any(s["name"].startswith(step_prefix) and s["state"] not in ("planned", "running") for s in steps)
+    return view if ended and view["warmup"]["state"] != "running" else None
+
+
 def wait_output(kc, msg_id: str, text: str, timeout: float = 60) -> None:
     """Read the kernel's iopub until the cell `msg_id` has printed `text` (so it is running)."""
     deadline, out = time.monotonic() + timeout, ""

@@ -354,22 +354,22 @@ class Warmer:
             st.detail = "; ".join(x for x in (st.detail, plan.gpu_blocked or plan.stopped) if x)
 
     # -- taking turns with the user ------------------------------------------------------------
-    def _turn(self, step: Step, heavy: bool) -> None:
+    def _turn(self, step: Step, heavy: bool) -> int:
         """Until it is this step's turn: no cell running, and the user idle a moment after the
-        last one (longer before a heavy step); a cell waiting on the warm-up lets it go on."""
+        last one (longer before a heavy step); a cell waiting on the warm-up lets it go on. Returns
+        the cells started by then (read under the lock: a cell started later overlaps the step)."""
         with self._cond:
             while not (self._waiters or self._cell_waits or self._stepping_aside):
                 if self._cells == 0:
-                    if self._last_cell_end is None:
-                        return
                     need = HEAVY_IDLE_S if heavy else LIGHT_IDLE_S
-                    idle = time.monotonic() - self._last_cell_end
+                    idle = need if self._last_cell_end is None else time.monotonic() - self._last_cell_end
                     if idle >= need:
-                        return
+                        break
                     self._cond.wait(need - idle)
                 else:
                     self.status.phase = f"starting {step.name} once your cells finish"
                     self._cond.wait(1.0)
+            return self._cells_started
 
     # -- what a recipe may ask (recipes.Run) ------------------------------------------------------
     @property
@@ -406,7 +406,7 @@ class Warmer:
         return self._unniced.run(fn) if self._unniced is not None else fn()
 
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
-        self._turn(step, heavy)
+        cells = self._turn(step, heavy)
         if self._stepping_aside:
             raise _SteppedAside
         if step.kind == "gpu" and self._user_gpu:
@@ -415,7 +415,7 @@ class Warmer:
         self.status.phase = step.name
         step.state = "running"
         self._under_way.set()
-        cells, drawn = self._cells_started, rng.save()  # what the step draws is given back (kernel/rng.py)
+        drawn = None if step.module else rng.save(step.kind == "gpu")  # given back after it (kernel/rng.py)
         t0 = time.perf_counter()
         try:
             fn()
@@ -433,7 +433,7 @@ class Warmer:
                 if self._cell_started is not None and self.status.first_cell_overlap is None:
                     self.status.first_cell_overlap = time.monotonic() - self._cell_started
                     self._cell_started = None
-                note = rng.restore(drawn) if self._cells_started == cells else rng.OVERLAP
+                note = None if drawn is None else rng.restore(drawn) if self._cells_started == cells else rng.OVERLAP
             if note:
                 step.detail = f"{step.detail}; {note}" if step.detail else note
         step.state = "done"
