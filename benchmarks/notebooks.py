@@ -192,11 +192,16 @@ class Session:
         return time.perf_counter() - t0
 
     def report(self) -> dict:
+        """The kernel's record at the end of a play (REPORT), as the fields a play's JSON keeps."""
         r = self.ks.execute(REPORT)
         try:
-            return json.loads(r.stdout.strip().splitlines()[-1])
+            rep = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            return {"error": r.stderr[-500:]}
+            return {"memory": 0, "report_error": r.stderr[-500:]}
+        return {"memory": sum((rep.get("memory") or {}).values()),
+                "memory_by_gpu": rep.get("memory"),  # CUDA ordinal -> bytes NVML lists for the kernel
+                **{k: rep.get(k) for k in ("torch_reserved", "compile_times", "warmup", "plan", "pooled",
+                                           "allocator", "width")}}
 
     def close(self) -> None:
         self.ks.close()
@@ -343,12 +348,7 @@ def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float
         out["first_gpu_cell"], out["first_gpu_cell_steady"] = out["first"][gpu], out["steady"][gpu]
         if train is not None:
             out["first_training_cell"], out["first_training_cell_steady"] = out["first"][train], out["steady"][train]
-        rep = s.report()
-        out["memory"] = sum((rep.get("memory") or {}).values())
-        out["memory_by_gpu"] = rep.get("memory")
-        out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
-        out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
-        out["allocator"], out["width"] = rep.get("allocator"), rep.get("width")
+        out.update(s.report())
         return out
     finally:
         s.close()
@@ -377,12 +377,7 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
         steady = [s.run(c) for c in cells]
         out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
                    errors=[r["error"] for r in first + steady if r["error"]])
-        rep = s.report()
-        out["memory"] = sum((rep.get("memory") or {}).values())
-        out["memory_by_gpu"] = rep.get("memory")  # CUDA ordinal -> bytes NVML lists for the kernel
-        out["torch_reserved"], out["compile_times"] = rep.get("torch_reserved"), rep.get("compile_times")
-        out["warmup"], out["plan"], out["pooled"] = rep.get("warmup"), rep.get("plan"), rep.get("pooled")
-        out["allocator"], out["width"] = rep.get("allocator"), rep.get("width")
+        out.update(s.report())
         return out
     finally:
         s.close()

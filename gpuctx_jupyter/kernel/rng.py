@@ -38,6 +38,14 @@ def save(cuda_may_start: bool = False) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def give_back(saved: dict | None, overlapped: bool) -> str | None:
+    """After a step (called under the lock a cell's start takes): `restore(saved)`, unless a cell
+    started during the step (`overlapped`) or nothing was saved (an import); the step's note."""
+    if saved is None:
+        return None
+    return OVERLAP if overlapped else restore(saved)
+
+
 def restore(saved: dict) -> str | None:
     """Every global generator as `saved` found it, or at its start where it was not there yet;
     None, or a note saying why not (never raises: the warm-up's work is done all the same)."""

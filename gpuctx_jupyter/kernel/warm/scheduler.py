@@ -433,7 +433,7 @@ class Warmer:
                 if self._cell_started is not None and self.status.first_cell_overlap is None:
                     self.status.first_cell_overlap = time.monotonic() - self._cell_started
                     self._cell_started = None
-                note = None if drawn is None else rng.restore(drawn) if self._cells_started == cells else rng.OVERLAP
+                note = rng.give_back(drawn, overlapped=self._cells_started != cells)
             if note:
                 step.detail = f"{step.detail}; {note}" if step.detail else note
         step.state = "done"
