@@ -11,9 +11,10 @@ Only the generators of modules that have finished importing are read (nothing is
 one half imported by a background import cannot be read safely). A generator that came into being
 during the step is set back to its start: torch's CPU one to its own initial seed with nothing
 drawn; CUDA's to the state torch's lazy start gave them, which a notebook may have queued before
-CUDA started (`torch.manual_seed`, `torch.cuda.set_rng_state`) — read by a call queued behind the
-notebook's own. NumPy's legacy global generator and Python's `random` are given back too; JAX has
-no global generator; CuPy's recipe draws from a generator of its own (recipes/cupy.py).
+CUDA started (`torch.cuda.set_rng_state`, read by a call queued behind the notebook's own;
+`torch.manual_seed`, whose seeds torch runs last, replayed over it). NumPy's legacy global
+generator and Python's `random` are given back too; JAX has no global generator; CuPy's recipe
+draws from a generator of its own (recipes/cupy.py).
 """
 from __future__ import annotations
 
@@ -74,6 +75,10 @@ def _save(cuda_may_start: bool) -> dict:
             if lazy_call is not None:
                 lazy_call(lambda: at_start.extend(g.get_state() for g in torch.cuda.default_generators))
             saved["cuda_at_start"] = at_start
+            # torch runs the queued seeds (`torch.manual_seed`) after every other queued call, so
+            # after the one above too: they are replayed over what it read
+            tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
+            saved["cuda_seeds"] = [call[0] for call in (tracker.get_calls() if tracker else []) if call]
     return saved
 
 
@@ -89,6 +94,9 @@ def _restore(saved: dict) -> None:
         states = saved.get("cuda") or saved.get("cuda_at_start") or []
         for i, gen in enumerate(torch.cuda.default_generators):
             _put(gen, states[i] if i < len(states) else None)
+        if "cuda" not in saved:
+            for seed in saved.get("cuda_seeds", ()):
+                seed()
 
 
 def _put(gen, state) -> None:

@@ -27,7 +27,7 @@ import time
 from ...contract import DEFAULT_OPS, STANDBY
 from ...core import cuda_driver
 from ...core import frameworks as fws
-from ...core import inventory
+from ...core import inventory, preload
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
@@ -459,6 +459,7 @@ class Warmer:
 
         def work():
             try:
+                preload.libraries(step.module)  # the loader's share of the import, without the GIL
                 mod = importlib.import_module(step.module)
                 for name in step.names:  # `from x import y`: y may be a lazy attribute or a submodule
                     if not hasattr(mod, name):

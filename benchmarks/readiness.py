@@ -1,0 +1,101 @@
+"""Time from opening a notebook to a kernel that answers, warming off against on, through a real jupyter_server.
+
+    python benchmarks/readiness.py [--notebook mlp_adamw] [--repeat 12] [--json benchmarks/results/readiness.json]
+
+Readiness is what JupyterLab waits for before it shows the kernel idle: POST /api/sessions (the
+server starts the kernel and waits for its first kernel_info reply), then the frontend's own
+kernel_info over the websocket. A kernel that warms up begins importing right after that first
+reply, in a thread, and an import holds the GIL while it loads extension modules: the frontend's
+kernel_info may wait behind it. Two servers on one root: warming off, and the defaults without the
+imports standby (each kernel's own warm-up: the case where it matters; with a standby the kernel
+has imported long before). Each repeat opens the notebook on both, in turn (the order alternates),
+and closes it. Per open, on one clock (CLOCK_MONOTONIC is shared by all processes of a host): the
+POST, the websocket's kernel_info asked and answered, and when the kernel's warm-up began. Prints
+medians (and per-open pairs) and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tests.harness.server import KernelSocket, Server  # noqa: E402
+
+NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
+WARM_BEGAN = ("_m = getattr(get_ipython(), '_gpuctx', None)\n"
+              "print(getattr(getattr(_m, 'warmer', None) and _m.warmer.status, 'started', None))\ndel _m")
+
+
+def open_once(srv: Server, path: str) -> dict:
+    t0 = time.monotonic()
+    status, model = srv.api("POST", "/api/sessions", {"path": path, "type": "notebook", "name": os.path.basename(path),
+                                                      "kernel": {"name": "python3"}})
+    assert status == 201, (status, model)
+    posted = time.monotonic()
+    ks = KernelSocket(srv, model["kernel"]["id"])
+    asked = time.monotonic()
+    ks.wait_ready()
+    ready = time.monotonic()
+    deadline = time.monotonic() + 5  # (a warm-up still waiting to begin says None: asked again)
+    while (began := ks.execute(WARM_BEGAN, silent=True).stdout.strip()) in ("", "None") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ks.close()
+    srv.api("DELETE", f"/api/sessions/{model['id']}")
+    rel = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
+    return {"post": rel(posted), "ws_asked": rel(asked), "ready": rel(ready),
+            "warm_began": rel(float(began)) if began not in ("", "None") else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--notebook", default="mlp_adamw")
+    ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--json", default="benchmarks/results/readiness.json")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="gpuctx-readiness-")
+    shutil.copy(os.path.join(NOTEBOOKS, f"{args.notebook}.ipynb"), root)
+    path = f"{args.notebook}.ipynb"
+    common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
+    env = {"GPUCTX_SERVER_IMPORT_STANDBYS": "0", "GPUCTX_SERVER_POOL": "off",
+           "JUPYTER_DATA_DIR": os.path.join(root, ".jupyter-data")}
+    servers = {"warming off": Server(root, [*common, "--GpuctxServer.warm_policy=never"], env=env).start(),
+               "warming on, no standby": Server(root, common, env=env).start()}
+    runs: dict[str, list[dict]] = {name: [] for name in servers}
+    try:
+        for rep in range(args.repeat):
+            order = list(servers) if rep % 2 == 0 else list(servers)[::-1]
+            for name in order:
+                runs[name].append(open_once(servers[name], path))
+                time.sleep(0.5)  # the closed kernel's process is gone before the next open
+    finally:
+        for srv in servers.values():
+            srv.stop()
+    ms = lambda v: f"{v * 1000:.0f}" if v is not None else "–"  # noqa: E731
+    print(f"readiness of {path}, {args.repeat} opens each; medians in ms from the POST")
+    print(f"{'server':<26}{'POST':>8}{'ws asked':>10}{'ready':>8}{'warm-up began':>15}")
+    for name, rs in runs.items():
+        med = {k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
+               for k in ("post", "ws_asked", "ready", "warm_began")}
+        print(f"{name:<26}{ms(med['post']):>8}{ms(med['ws_asked']):>10}{ms(med['ready']):>8}{ms(med['warm_began']):>15}")
+    off, on = runs["warming off"], runs["warming on, no standby"]
+    diffs = [b["ready"] - a["ready"] for a, b in zip(off, on)]
+    print(f"on − off, per pair (ms): {', '.join(f'{d * 1000:+.0f}' for d in diffs)}; median {statistics.median(diffs) * 1000:+.0f}")
+    before = [r for r in on if r["warm_began"] is not None and r["warm_began"] < r["ready"]]
+    print(f"warm-up began before the websocket's kernel_info was answered in {len(before)} of {len(on)} opens")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as fh:
+        json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), "notebook": path, "runs": runs,
+                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
