@@ -1,6 +1,6 @@
 """Time from opening a notebook to a kernel that answers, warming off against on, through a real jupyter_server.
 
-    python benchmarks/readiness.py [--notebook mlp_adamw] [--repeat 12] [--json benchmarks/results/readiness.json]
+    python benchmarks/readiness.py [--notebook mlp_adamw] [--repeat 12] [--direct 16] [--json benchmarks/results/readiness.json]
 
 Readiness is what JupyterLab waits for before it shows the kernel idle: POST /api/sessions (the
 server starts the kernel and waits for its first kernel_info reply), then the frontend's own
@@ -10,8 +10,14 @@ kernel_info may wait behind it. Two servers on one root: warming off, and the de
 imports standby (each kernel's own warm-up: the case where it matters; with a standby the kernel
 has imported long before). Each repeat opens the notebook on both, in turn (the order alternates),
 and closes it. Per open, on one clock (CLOCK_MONOTONIC is shared by all processes of a host): the
-POST, the websocket's kernel_info asked and answered, and when the kernel's warm-up began. Prints
-medians (and per-open pairs) and writes JSON.
+POST, the websocket's kernel_info asked and answered, and when the kernel's warm-up began.
+
+A server's readiness varies by hundreds of ms from open to open (the server, the websocket, the
+kernel's start), more than what gpuctx adds. `--direct N` also starts N pairs of kernels for the
+notebook straight through jupyter_client, one plain and one as the server launches it (`--ext=gpuctx`
+and the server's warm-up settings), and times start → first kernel_info reply: what loading gpuctx
+adds to a kernel's start, with little else around it. Prints medians (and per-pair differences)
+and writes JSON.
 """
 from __future__ import annotations
 
@@ -55,15 +61,29 @@ def open_once(srv: Server, path: str) -> dict:
             "warm_began": rel(float(began)) if began not in ("", "None") else None}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--notebook", default="mlp_adamw")
-    ap.add_argument("--repeat", type=int, default=12)
-    ap.add_argument("--json", default="benchmarks/results/readiness.json")
-    args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="gpuctx-readiness-")
-    shutil.copy(os.path.join(NOTEBOOKS, f"{args.notebook}.ipynb"), root)
-    path = f"{args.notebook}.ipynb"
+def start_direct(path: str, gpuctx: bool) -> float:
+    """Seconds from launching a kernel to its first kernel_info reply (jupyter_client's wait)."""
+    from jupyter_client import KernelManager
+
+    from gpuctx_jupyter.contract import SESSION, WarmSettings
+
+    env = {**os.environ, SESSION: path}
+    if gpuctx:
+        env.update(WarmSettings(policy="auto", recipe="notebook", source="the server").to_env())
+    km = KernelManager(kernel_name="python3")
+    t0 = time.monotonic()
+    km.start_kernel(extra_arguments=["--ext=gpuctx"] if gpuctx else [], env=env)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=120)
+        return time.monotonic() - t0
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def through_servers(root: str, path: str, repeat: int) -> dict[str, list[dict]]:
     common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
     env = {"GPUCTX_SERVER_IMPORT_STANDBYS": "0", "GPUCTX_SERVER_POOL": "off",
            "JUPYTER_DATA_DIR": os.path.join(root, ".jupyter-data")}
@@ -71,16 +91,15 @@ def main() -> None:
                "warming on, no standby": Server(root, common, env=env).start()}
     runs: dict[str, list[dict]] = {name: [] for name in servers}
     try:
-        for rep in range(args.repeat):
-            order = list(servers) if rep % 2 == 0 else list(servers)[::-1]
-            for name in order:
+        for rep in range(repeat):
+            for name in (list(servers) if rep % 2 == 0 else list(servers)[::-1]):
                 runs[name].append(open_once(servers[name], path))
                 time.sleep(0.5)  # the closed kernel's process is gone before the next open
     finally:
         for srv in servers.values():
             srv.stop()
     ms = lambda v: f"{v * 1000:.0f}" if v is not None else "–"  # noqa: E731
-    print(f"readiness of {path}, {args.repeat} opens each; medians in ms from the POST")
+    print(f"readiness of {path}, {repeat} opens each; medians in ms from the POST")
     print(f"{'server':<26}{'POST':>8}{'ws asked':>10}{'ready':>8}{'warm-up began':>15}")
     for name, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
@@ -91,9 +110,33 @@ def main() -> None:
     print(f"on − off, per pair (ms): {', '.join(f'{d * 1000:+.0f}' for d in diffs)}; median {statistics.median(diffs) * 1000:+.0f}")
     before = [r for r in on if r["warm_began"] is not None and r["warm_began"] < r["ready"]]
     print(f"warm-up began before the websocket's kernel_info was answered in {len(before)} of {len(on)} opens")
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--notebook", default="mlp_adamw")
+    ap.add_argument("--repeat", type=int, default=12)
+    ap.add_argument("--direct", type=int, default=0, help="also N pairs of kernels started without a server")
+    ap.add_argument("--json", default="benchmarks/results/readiness.json")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="gpuctx-readiness-")
+    shutil.copy(os.path.join(NOTEBOOKS, f"{args.notebook}.ipynb"), root)
+    path = f"{args.notebook}.ipynb"
+    direct: dict[str, list[float]] = {"plain": [], "gpuctx": []}
+    for rep in range(args.direct):
+        for name in (("plain", "gpuctx") if rep % 2 == 0 else ("gpuctx", "plain")):
+            direct[name].append(start_direct(os.path.join(root, path), name == "gpuctx"))
+    runs = through_servers(root, path, args.repeat) if args.repeat else {}
+    if args.direct:
+        diffs = [b - a for a, b in zip(direct["plain"], direct["gpuctx"])]
+        print(f"kernels started without a server, {args.direct} pairs: start → kernel_info, median "
+              f"{statistics.median(direct['plain']) * 1000:.0f} ms plain, {statistics.median(direct['gpuctx']) * 1000:.0f} ms "
+              f"with gpuctx; per pair {statistics.median(diffs) * 1000:+.0f} ms at the median "
+              f"({min(diffs) * 1000:+.0f} to {max(diffs) * 1000:+.0f})")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
-        json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), "notebook": path, "runs": runs,
+        json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), "notebook": path, "runs": runs, "direct": direct,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, fh, indent=1)
 
 

@@ -7,9 +7,11 @@ Why: a kernel answers kernel_info (and runs a cell sent at once) in its main thr
 warm-up imports torch in another. Loading an extension module holds the GIL, including the
 dynamic loader's work on torch's shared libraries (relocations and static initialisers: hundreds
 of ms for a CUDA build), so the main thread waits behind it. Each repeat, in a fresh Python: a
-thread imports torch as the warm-up does — `plain` (importlib), or `preloaded` (its libraries
-loaded first without the GIL, core/preload.py), or `global-deps` (only those torch loads first) — while the main thread sleeps 1 ms at a time and
-records how late it wakes. Prints a table and writes JSON.
+thread imports torch as the warm-up does — `plain` (importlib), `preloaded` (its libraries
+loaded first without the GIL, core/preload.py), or `global-deps` (only those torch loads first) —
+while the main thread sleeps 1 ms at a time and records how late it wakes. With --cuda, the same for CUDA's start in a process that has imported
+torch (`cuda`: torch's own; `cuda-driver-first`: core/cuda_driver.start first, which lets go of the
+GIL). Prints a table and writes JSON.
 """
 from __future__ import annotations
 
@@ -23,8 +25,27 @@ CHILD = r'''
 import json, sys, threading, time
 mode = sys.argv[1]
 done, spans = threading.Event(), {}
+if mode.startswith("cuda"):
+    import torch
 t0 = time.perf_counter()
+def cuda_work():
+    if mode == "cuda-driver-first":
+        from gpuctx_jupyter.core import cuda_driver
+        spans["preloaded"] = cuda_driver.start(0)
+    spans["preload_s"] = time.perf_counter() - t0
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    x = torch.randn(1024, 1024, device="cuda")
+    (x @ x).sum().item()
+    spans["import_s"] = time.perf_counter() - t0
+    done.set()
 def work():
+    if mode.startswith("cuda"):
+        try:
+            return cuda_work()
+        except Exception as exc:  # no GPU here: said in the table
+            spans["error"] = f"{type(exc).__name__}: {exc}"
+            return done.set()
     if mode == "preloaded":
         from gpuctx_jupyter.core import preload
         spans["preloaded"] = preload.libraries("torch")
@@ -32,8 +53,8 @@ def work():
         import importlib.util, os
         from gpuctx_jupyter.core import preload
         lib = os.path.join(os.path.dirname(importlib.util.find_spec("torch").origin), "lib")
-        spans["preloaded"] = bool(preload._dlopen()(os.path.join(lib, "libtorch_global_deps.so").encode(),
-                                                     os.RTLD_GLOBAL | os.RTLD_NOW))
+        spans["preloaded"] = preload.dlopen(os.path.join(lib, "libtorch_global_deps.so").encode(),
+                                            os.RTLD_GLOBAL | os.RTLD_NOW)
     spans["preload_s"] = time.perf_counter() - t0
     if mode == "calls":  # which C calls of the import take over 20 ms (where the main thread waits)
         calls, starts = [], {}
@@ -63,7 +84,8 @@ late = [g for g, _ in gaps if g > 0.02]
 import os
 maps = open("/proc/self/maps").read()
 libs = sorted({l.split()[-1] for l in maps.splitlines() if ".so" in l and ("cu" in l or "torch" in l or "nv" in l)})
-print(json.dumps({**spans, "libs": libs, "worst_wait_s": max((g for g, _ in gaps), default=0.0), "late_waits_s": sum(late), "late_count": len(late),
+print(json.dumps({**spans, "libs": libs, "worst_wait_s": max((g for g, _ in gaps), default=0.0),
+                  "late_waits_s": sum(late), "late_count": len(late),
                   "late": [[round(at - g, 3), round(g, 3)] for g, at in gaps if g > 0.02]}))
 '''
 
@@ -72,7 +94,7 @@ def play(mode: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, timeout=300)
     if out.returncode:
         return {"error": out.stderr[-800:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # (with "error" where CUDA could not start)
 
 
 def main() -> None:
@@ -80,12 +102,16 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", default=None)
     ap.add_argument("--calls", action="store_true", help="also once with the import's long C calls listed")
+    ap.add_argument("--cuda", action="store_true", help="also CUDA's start after the import (the warm-up's first GPU "
+                    "step: torch.cuda.init, set_device, a matmul), as torch does it and with the driver started first")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {"plain": [], "global-deps": [], "preloaded": []}
+    if args.cuda:
+        runs.update({"cuda": [], "cuda-driver-first": []})
     for _ in range(args.repeat):  # interleaved, so both sides see the same page cache and load
         for mode in runs:
             runs[mode].append(play(mode))
-    print(f"{'import of torch':<18}{'import ms':>10}{'worst wait ms':>15}{'waits > 20 ms, Σ ms':>22}")
+    print(f"{'torch (cuda: start)':<18}{'import ms':>10}{'worst wait ms':>15}{'waits > 20 ms, Σ ms':>22}")
     for mode, rs in runs.items():
         ok = [r for r in rs if "error" not in r]
         if not ok:

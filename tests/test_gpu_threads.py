@@ -67,6 +67,24 @@ def two_gpus():
 
 
 # -- one GPU ----------------------------------------------------------------------------------------
+def test_cells_and_threads_of_a_kernel_that_imported_torch_leave_cuda_unstarted(kernel):
+    """gpuctx's after-cell record and its thread hook ask torch about the GPU only once CUDA has
+    started: asking earlier started CUDA's driver in the user's thread (0.1-0.3 s with the GIL
+    held, paid by the first cell after `import torch` — a CPU cell sent at once took 350 ms
+    against 140 ms cold on the H200)."""
+    r = run(kernel, "%load_ext gpuctx\nimport torch, threading")
+    assert r.reply["status"] == "ok", r.stderr
+    r = run(kernel, "t = sum(i * i for i in range(1000))\nth = threading.Thread(target=lambda: None)\n"
+                    "th.start(); th.join()")
+    assert r.reply["status"] == "ok", r.stderr
+    r = run(kernel, "from gpuctx_jupyter.core import cuda_driver\nprint(repr(cuda_driver.touched()))")
+    assert r.stdout.strip() == "''", r.stdout + r.stderr  # neither the driver nor a context
+    r = run(kernel, "torch.ones(1, device='cuda')\nprint(get_ipython()._gpuctx.cell_thread_device)")
+    assert r.stdout.strip() == "None", r.stdout  # recorded by the cell after CUDA started
+    r = run(kernel, "print(get_ipython()._gpuctx.cell_thread_device)")
+    assert r.stdout.strip() == "(0, None)", r.stdout
+
+
 def test_threads_start_on_the_chosen_device_and_on_gpu_threads_keep_theirs(kernel):
     r = run(kernel, "%load_ext gpuctx\nimport torch, threading, json\n%gpu use 0 --default\n"
                     "torch.ones(1, device='cuda'); print('ok')")

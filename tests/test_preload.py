@@ -70,3 +70,43 @@ def test_nothing_is_preloaded_where_ld_library_path_holds_cuda_libraries_of_its_
     (driver / "libcuda.so.1").write_bytes(b"")
     assert child(PRELOADED, LD_LIBRARY_PATH=f"{driver}:{tmp_path}")["loaded"] == []
     assert child(PRELOADED, LD_LIBRARY_PATH=str(driver))["loaded"] == ["libtorch_global_deps.so", "libtorch.so"]
+
+
+CUDA_START = r'''
+import json, threading, time
+import torch
+from gpuctx_jupyter.core import cuda_driver
+box, wakes = {}, []
+def start():
+    box["t0"] = time.monotonic()
+    box["started"] = cuda_driver.start(0)
+    box["t1"] = time.monotonic()
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    box["sum"] = float((torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda")).sum())
+thread = threading.Thread(target=start)
+thread.start()
+while thread.is_alive():
+    time.sleep(0.001)
+    wakes.append(time.monotonic())
+print(json.dumps({"started": box["started"], "sum": box.get("sum"), "seconds": box["t1"] - box["t0"],
+                  "wakes_during": sum(box["t0"] < w < box["t1"] for w in wakes)}))
+'''
+
+
+def test_without_a_driver_cuda_is_not_started_and_nothing_raises():
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has an NVIDIA driver")
+    from gpuctx_jupyter.core import cuda_driver
+
+    assert cuda_driver.start(0) is False
+    assert cuda_driver.touched() == ""
+
+
+@pytest.mark.gpu
+def test_cuda_starts_while_the_kernels_own_thread_runs_and_torch_uses_that_context():
+    """The warm-up's first GPU step (recipes/torch.py): driver and context through ctypes, without
+    the GIL; torch's own start then finds them and computes on them."""
+    out = child(CUDA_START)
+    assert out["started"] is True and out["sum"] == 64 * 64 * 64, out
+    assert out["wakes_during"] >= max(5, int(out["seconds"] * 1000) // 10), out  # a wake every ~1 ms, not none

@@ -1,4 +1,5 @@
-"""Has this process touched CUDA? Asked of the driver without touching it.
+"""Has this process touched CUDA? Asked of the driver without touching it; and starting it
+without holding the GIL (`start`, the warm-up's first GPU step).
 
 An import-warm standby (a kernel that imported a notebook's modules ahead of time) must leave
 CUDA alone: no context (nothing in nvidia-smi, no GPU memory) and, so that the environment a
@@ -48,3 +49,23 @@ def touched() -> str:
         return "driver"
     except Exception:  # noqa: BLE001 — an odd libcuda answers "driver": it was loaded, so assume started
         return "driver"
+
+
+def start(ordinal: int) -> bool:
+    """Start the driver and device `ordinal`'s primary context (the one torch's runtime uses)
+    through ctypes, which lets go of the GIL: torch's own start does both while holding it
+    (cuInit and the context take 0.2-0.5 s on a large GPU host), and a cell sent meanwhile waits.
+    The context is retained for the process's life, as torch's runtime keeps it. True when done;
+    never raises (torch's own start then does it, as without this)."""
+    from . import preload
+
+    try:
+        path = LIBCUDA.encode()
+        if not preload.dlopen(path, os.RTLD_NOW):  # (the loader's work too, without the GIL)
+            return False
+        cuda = ctypes.CDLL(LIBCUDA)
+        device, context = ctypes.c_int(0), ctypes.c_void_p()
+        return (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+                and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0)
+    except (OSError, AttributeError, ValueError):
+        return False

@@ -56,6 +56,15 @@ class Framework:
         """Whether this framework has started CUDA in this process (None: cannot tell)."""
         return None
 
+    def usable(self) -> bool | None:
+        """`gpu_reason() is None`, asked only once CUDA has started in this process; None before.
+        Asking torch or CuPy starts CUDA's driver in the asking thread (0.1-0.3 s on a large GPU
+        host, holding the GIL): what runs after every cell and at every thread's start must not
+        make a kernel that has not used the GPU pay that (nor start CUDA in it)."""
+        if not self.initialized() and not cuda_driver.touched():
+            return None
+        return self.gpu_reason() is None
+
     def device_count(self) -> int | None:
         return None
 
@@ -98,6 +107,12 @@ class Torch(Framework):
     def initialized(self):
         torch = self.mod
         return bool(torch and torch.cuda.is_initialized())
+
+    def usable(self):
+        torch = self.mod
+        if torch is not None and not getattr(torch.version, "cuda", None):
+            return False  # a CPU-only build: known without asking CUDA
+        return super().usable()
 
     def device_count(self):
         torch = self.mod

@@ -30,6 +30,14 @@ def _dlopen():
     return fn
 
 
+def dlopen(path: bytes, mode: int) -> bool:
+    """The C library's dlopen, called through ctypes (without the GIL, unlike ctypes.CDLL)."""
+    try:
+        return bool(_dlopen()(path, mode))
+    except (OSError, AttributeError):
+        return False
+
+
 def _loaded(part: str) -> bool:
     try:
         with open("/proc/self/maps") as f:
@@ -57,7 +65,9 @@ def _same_files_as_import(site: str) -> bool:
 def libraries(module: str) -> list[str]:
     """Load `module`'s libraries without the GIL (only torch's are known; Linux only). Returns the
     libraries loaded; never raises. Call it from the thread that is about to import `module`."""
-    if module.split(".")[0] != "torch" or "torch" in sys.modules or "torch" in _done or not sys.platform.startswith("linux"):
+    if module.split(".")[0] != "torch" or "torch" in sys.modules or "torch" in _done:
+        return []
+    if not sys.platform.startswith("linux"):
         return []
     _done.add("torch")
     try:
@@ -69,7 +79,7 @@ def libraries(module: str) -> list[str]:
         if (os.environ.get("TORCH_USE_RTLD_GLOBAL") or not os.path.exists(os.path.join(lib, "libtorch_global_deps.so"))
                 or not _same_files_as_import(site)):
             return []
-        dlopen, done = _dlopen(), []
+        done = []
         # first what torch's import loads first, as it does (global); then torch itself, local
         for name, mode in (("libtorch_global_deps.so", os.RTLD_GLOBAL | os.RTLD_NOW), ("libtorch.so", os.RTLD_NOW)):
             path = os.path.join(lib, name)

@@ -41,7 +41,7 @@ class KernelState:
     def after_cell(self, result=None) -> None:
         self.warmer.cell_finished()
         torch = fws.TORCH
-        if torch.loaded() and torch.gpu_reason() is None:
+        if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
             self.cell_thread_device = (torch.current(), torch.default_device())
         error = getattr(result, "error_in_exec", None)
         hint = hints.hint_for(error) if error is not None else None

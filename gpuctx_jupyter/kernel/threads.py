@@ -108,9 +108,12 @@ class ThreadFollower:
             usable = self._usable.get(key)
             if usable is None:  # a CPU-only build or no device stays so for the process's life
                 try:
-                    usable = fw.gpu_reason() is None
+                    usable = fw.usable()
                 except Exception:
                     usable = False
+                if usable is None:  # CUDA not started: kept (a new thread waits, or says why); asked again
+                    out.append(fw)
+                    continue
                 self._usable[key] = usable
             if usable:
                 out.append(fw)

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ....contract import INDUCTOR_MODULE, STANDBY
+from ....core import cuda_driver
 from ....core.frameworks import imported
 from ..plan import Step
 from . import inductor
@@ -119,6 +120,7 @@ def _work(torch, dev, ops: set[str]) -> tuple[dict, dict]:
 
     def cuda_init():
         if not torch.cuda.is_initialized():
+            cuda_driver.start(dev.index)  # the driver and the context, without holding the GIL meanwhile
             torch.cuda.init()
         torch.cuda.set_device(dev)
 
