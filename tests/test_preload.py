@@ -13,9 +13,9 @@ pytest.importorskip("torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 LIBRARIES = r'''
-def libraries():  # torch's and CUDA's shared objects mapped into this process
+def libraries():  # every shared object mapped into this process
     with open("/proc/self/maps") as f:
-        return sorted({line.split()[-1] for line in f if ".so" in line and ("torch" in line or "nvidia" in line)})
+        return sorted({line.split()[-1] for line in f if ".so" in line})
 '''
 
 PRELOADED = LIBRARIES + r'''
@@ -61,15 +61,38 @@ def test_torchs_libraries_load_without_the_gil_and_are_those_its_import_loads(tm
     assert pre["wakes_during"] >= 5, pre  # the other thread ran while the loader worked
 
 
+GUARD = r'''
+import json, sys
+from gpuctx_jupyter.core import preload
+preload.LD_CACHE, preload.SYSTEM_FOLDERS = sys.argv[1], tuple(sys.argv[2:])
+print(json.dumps(preload._same_files_as_import(sys.argv[1])))  # (a site folder without nvidia/ in it)
+'''
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loader's files and flags are Linux's")
-def test_nothing_is_preloaded_where_ld_library_path_holds_cuda_libraries_of_its_own(tmp_path):
-    """There the loader could pick other files than torch's import picks: the import does it all."""
-    (tmp_path / "libcudart.so.12").write_bytes(b"")
-    driver = tmp_path / "driver"
-    driver.mkdir()
+def test_a_cuda_build_is_not_preloaded_where_the_loader_could_find_other_cuda_libraries(tmp_path):
+    """There a library torch's import opens by path could be mapped twice: the import does it all.
+    Other CUDA libraries are on LD_LIBRARY_PATH, in ld.so.cache, or in a system folder; a driver's
+    folder (as containers put on LD_LIBRARY_PATH) is no reason."""
+    def guard(cache=b"", system=(), ld_library_path=None):
+        (tmp_path / "ld.so.cache").write_bytes(b"glibc-ld.so.cache1.1" + cache)
+        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+        if ld_library_path is not None:
+            env["LD_LIBRARY_PATH"] = ld_library_path
+        out = subprocess.run([sys.executable, "-c", GUARD, str(tmp_path / "ld.so.cache"), *map(str, system)],
+                             capture_output=True, text=True, timeout=60, cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    toolkit, driver, empty = tmp_path / "toolkit", tmp_path / "driver", tmp_path / "empty"
+    for folder in (toolkit, driver, empty):
+        folder.mkdir()
+    (toolkit / "libnvJitLink.so.12").write_bytes(b"")
     (driver / "libcuda.so.1").write_bytes(b"")
-    assert child(PRELOADED, LD_LIBRARY_PATH=f"{driver}:{tmp_path}")["loaded"] == []
-    assert child(PRELOADED, LD_LIBRARY_PATH=str(driver))["loaded"] == ["libtorch_global_deps.so", "libtorch.so"]
+    assert guard(system=[empty], ld_library_path=str(driver)) is True
+    assert guard(system=[empty], ld_library_path=f"{driver}:{toolkit}") is False
+    assert guard(cache=b"\0libcusparse.so.12\0/usr/local/cuda/lib64/libcusparse.so.12\0", system=[empty]) is False
+    assert guard(system=[empty, toolkit]) is False
 
 
 CUDA_START = r'''
@@ -97,10 +120,9 @@ print(json.dumps({"started": box["started"], "sum": box.get("sum"), "seconds": b
 def test_without_a_driver_cuda_is_not_started_and_nothing_raises():
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has an NVIDIA driver")
-    from gpuctx_jupyter.core import cuda_driver
-
-    assert cuda_driver.start(0) is False
-    assert cuda_driver.touched() == ""
+    out = child("import json\nfrom gpuctx_jupyter.core import cuda_driver\n"
+                "print(json.dumps([cuda_driver.start(0), cuda_driver.touched()]))")
+    assert out == [False, ""]
 
 
 @pytest.mark.gpu

@@ -6,8 +6,9 @@ of a CUDA build take hundreds of ms, during which the kernel's own thread can ne
 kernel_info nor start a cell sent at once (scripts/probe-gil.py measures it). A C function called
 through ctypes lets go of the GIL, so the warm-up asks the loader for the same libraries that way
 first; torch's import then finds them loaded. Only libraries without Python in them are loaded,
-with the flags torch's import uses, and only where the loader would pick the very files torch's
-import picks; anything that does not load is left to the import, which reports it as usual.
+with the flags torch's import uses, and — for a CUDA build, whose import opens NVIDIA's libraries
+by path — only where the loader would pick the very files torch's import picks; anything that does
+not load is left to the import, which reports it as usual.
 """
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ import sys
 
 _done: set[str] = set()
 # the CUDA libraries torch's import loads itself, by path, from the NVIDIA packages
-_CUDA_LIBRARY = re.compile(r"lib(cudart|cublas|cublasLt|cudnn\w*|cufft|curand|cusolver|cusparse\w*|nvJitLink|nvrtc\S*|"
-                           r"nccl|cupti|nvshmem\w*|cufile|nvToolsExt)\.so")
+_LIBRARY = (r"lib(cudart|cublas|cublasLt|cudnn\w*|cufft|curand|cusolver|cusparse\w*|nvJitLink|nvrtc[\w-]*|"
+            r"nccl|cupti|nvshmem\w*|cufile|nvToolsExt)\.so")
+_CUDA_LIBRARY, _CUDA_LIBRARY_BYTES = re.compile(_LIBRARY), re.compile(_LIBRARY.encode())
+LD_CACHE = "/etc/ld.so.cache"
+SYSTEM_FOLDERS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", f"/lib/{os.uname().machine}-linux-gnu",
+                  f"/usr/lib/{os.uname().machine}-linux-gnu")
 
 
 def _dlopen():
@@ -38,24 +43,48 @@ def dlopen(path: bytes, mode: int) -> bool:
         return False
 
 
-def _loaded(part: str) -> bool:
+def _search_path() -> list[str]:
+    """The folders the loader searches before a library's own RUNPATH: LD_LIBRARY_PATH as the
+    process started with it (the loader read it then) and as it is now; an empty entry is the
+    working directory."""
+    values = [os.environ.get("LD_LIBRARY_PATH", "")]
     try:
-        with open("/proc/self/maps") as f:
-            return part in f.read()
+        with open("/proc/self/environ", "rb") as f:
+            values += [v[len(b"LD_LIBRARY_PATH="):].decode(errors="replace") for v in f.read().split(b"\0")
+                       if v.startswith(b"LD_LIBRARY_PATH=")]
+    except OSError:
+        pass
+    return [entry or os.getcwd() for value in values if value for entry in value.split(os.pathsep)]
+
+
+def _system_has_cuda() -> bool:
+    """The loader's own search finds CUDA libraries on the system (a toolkit registered in
+    ld.so.cache or in the system's folders, as CUDA's container images have): a dependency that a
+    wheel's library does not find by its RUNPATH would then come from there."""
+    try:
+        with open(LD_CACHE, "rb") as f:
+            if _CUDA_LIBRARY_BYTES.search(f.read()):
+                return True
+    except OSError:
+        pass
+    return any(_holds_cuda(folder) for folder in SYSTEM_FOLDERS)
+
+
+def _holds_cuda(folder: str) -> bool:
+    try:
+        return any(_CUDA_LIBRARY.match(name) for name in os.listdir(folder))
     except OSError:
         return False
 
 
 def _same_files_as_import(site: str) -> bool:
-    """The loader finds CUDA's libraries where torch's import looks for them: no folder on
-    LD_LIBRARY_PATH holds one of them (a driver's folder, as containers set it, holds none), and
-    the NVIDIA packages (if any) are installed beside torch, first on sys.path."""
-    for folder in filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)):
-        try:
-            if any(_CUDA_LIBRARY.match(name) for name in os.listdir(folder)):
-                return False
-        except OSError:
-            continue
+    """The loader finds CUDA's libraries only where torch's import opens them: no folder of
+    LD_LIBRARY_PATH holds one (a driver's folder, as containers set it, holds none), the system
+    has none of its own, and the NVIDIA packages (if any) are installed beside torch, first on
+    sys.path. Else a library torch's import opens by path could be mapped twice: the wheel's and
+    another the loader found first for a dependency."""
+    if any(_holds_cuda(folder) for folder in _search_path()) or _system_has_cuda():
+        return False
     for entry in sys.path:
         if entry and os.path.isdir(os.path.join(entry, "nvidia")):
             return os.path.realpath(entry) == os.path.realpath(site)
@@ -76,9 +105,10 @@ def libraries(module: str) -> list[str]:
             return []
         lib = os.path.join(os.path.dirname(spec.origin), "lib")
         site = os.path.dirname(os.path.dirname(spec.origin))
-        if (os.environ.get("TORCH_USE_RTLD_GLOBAL") or not os.path.exists(os.path.join(lib, "libtorch_global_deps.so"))
-                or not _same_files_as_import(site)):
+        if os.environ.get("TORCH_USE_RTLD_GLOBAL") or not os.path.exists(os.path.join(lib, "libtorch_global_deps.so")):
             return []
+        if os.path.exists(os.path.join(lib, "libtorch_cuda.so")) and not _same_files_as_import(site):
+            return []  # (a CPU build links no CUDA library: the loader finds what the import finds)
         done = []
         # first what torch's import loads first, as it does (global); then torch itself, local
         for name, mode in (("libtorch_global_deps.so", os.RTLD_GLOBAL | os.RTLD_NOW), ("libtorch.so", os.RTLD_NOW)):
