@@ -10,9 +10,9 @@ of ms for a CUDA build), so the main thread waits behind it. Each repeat, in a f
 thread imports torch as the warm-up does — `plain` (importlib), `preloaded` (its libraries
 loaded first without the GIL, core/preload.py), or `global-deps` (only those torch loads first) —
 while the main thread sleeps 1 ms at a time and records how late it wakes. With --cuda, the same
-for CUDA's start in a process that has imported torch (`cuda`: torch's own; `cuda-driver-first`: core/cuda_driver.start first, which lets go of the
-GIL; `cuda-as-warmed`: the warm-up's order, torch.cuda.is_available() asked before that). Prints
-a table and writes JSON.
+for CUDA's start in a process that has imported torch (`cuda`: torch's own; `cuda-driver-first`:
+core/cuda_driver.start first, which lets go of the GIL; `cuda-as-warmed`: the warm-up's order,
+torch.cuda.is_available() asked before that). Prints a table and writes JSON.
 """
 from __future__ import annotations
 
