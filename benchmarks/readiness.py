@@ -10,7 +10,8 @@ kernel_info may wait behind it. Two servers on one root: warming off, and the de
 imports standby (each kernel's own warm-up: the case where it matters; with a standby the kernel
 has imported long before). Each repeat opens the notebook on both, in turn (the order alternates),
 and closes it. Per open, on one clock (CLOCK_MONOTONIC is shared by all processes of a host): the
-POST, the websocket's kernel_info asked and answered, and when the kernel's warm-up began.
+POST, the kernel process's start (/proc: what the server did before it launched the kernel), the
+websocket's kernel_info asked and answered, and when the kernel's warm-up began.
 
 A server's readiness varies by hundreds of ms from open to open (the server, the websocket, the
 kernel's start), more than what gpuctx adds. `--direct N` also starts N pairs of kernels for the
@@ -37,8 +38,19 @@ sys.path.insert(0, ROOT)
 from tests.harness.server import KernelSocket, Server  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
+PID = "import os as _os\nprint(_os.getpid())\ndel _os"
 WARM_BEGAN = ("_m = getattr(get_ipython(), '_gpuctx', None)\n"
               "print(getattr(getattr(_m, 'warmer', None) and _m.warmer.status, 'started', None))\ndel _m")
+
+
+def spawned(pid: int) -> float | None:
+    """When process `pid` started, on CLOCK_MONOTONIC (the kernel counts both from boot; 10 ms steps)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")  # starttime, field 22 of stat
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def open_once(srv: Server, path: str) -> dict:
@@ -51,13 +63,14 @@ def open_once(srv: Server, path: str) -> dict:
     asked = time.monotonic()
     ks.wait_ready()
     ready = time.monotonic()
+    started = spawned(int(ks.execute(PID, silent=True).stdout.strip()))
     deadline = time.monotonic() + 5  # (a warm-up still waiting to begin says None: asked again)
     while (began := ks.execute(WARM_BEGAN, silent=True).stdout.strip()) in ("", "None") and time.monotonic() < deadline:
         time.sleep(0.2)
     ks.close()
     srv.api("DELETE", f"/api/sessions/{model['id']}")
     rel = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
-    return {"post": rel(posted), "ws_asked": rel(asked), "ready": rel(ready),
+    return {"post": rel(posted), "spawned": rel(started), "ws_asked": rel(asked), "ready": rel(ready),
             "warm_began": rel(float(began)) if began not in ("", "None") else None}
 
 
@@ -100,11 +113,12 @@ def through_servers(root: str, path: str, repeat: int) -> dict[str, list[dict]]:
             srv.stop()
     ms = lambda v: f"{v * 1000:.0f}" if v is not None else "–"  # noqa: E731
     print(f"readiness of {path}, {repeat} opens each; medians in ms from the POST")
-    print(f"{'server':<26}{'POST':>8}{'ws asked':>10}{'ready':>8}{'warm-up began':>15}")
+    print(f"{'server':<26}{'POST':>8}{'kernel spawned':>16}{'ws connected':>14}{'ready':>8}{'warm-up began':>15}")
     for name, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
-               for k in ("post", "ws_asked", "ready", "warm_began")}
-        print(f"{name:<26}{ms(med['post']):>8}{ms(med['ws_asked']):>10}{ms(med['ready']):>8}{ms(med['warm_began']):>15}")
+               for k in ("post", "spawned", "ws_asked", "ready", "warm_began")}
+        print(f"{name:<26}{ms(med['post']):>8}{ms(med['spawned']):>16}{ms(med['ws_asked']):>14}{ms(med['ready']):>8}"
+              f"{ms(med['warm_began']):>15}")
     off, on = runs["warming off"], runs["warming on, no standby"]
     diffs = [b["ready"] - a["ready"] for a, b in zip(off, on)]
     print(f"on − off, per pair (ms): {', '.join(f'{d * 1000:+.0f}' for d in diffs)}; median {statistics.median(diffs) * 1000:+.0f}")
