@@ -1,6 +1,6 @@
 # Sourced by the GPU scripts (gpu-check.sh, gpu-notebooks.sh, oom-demo.sh), from the repository
 # root: sets `py` (the project's .venv when there is one, else python3; PYTHON overrides),
-# `results` ($OUT, else benchmarks/results/) and PYTHONPATH. A Python without jupyter_server or
+# `results` ($OUT, else benchmarks/results/), PYTHONPATH and PYTHONPYCACHEPREFIX. A Python without jupyter_server or
 # ipyparallel (the GPU machine) gets the Jupyter stack from .devwheels, installed once into
 # /tmp/gpuctx-site; build it where there is a network with scripts/gpu-wheels.sh.
 py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
@@ -16,3 +16,7 @@ if ! "$py" -c "import jupyter_server, ipyparallel" 2>/dev/null; then
   export PYTHONPATH="/tmp/gpuctx-site:$PWD"
 fi
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# Bytecode where Python can write it: on the GPU machine every process compiled torch's sources
+# (scripts/probe-gil.py --calls: its environment keeps no bytecode), part of its 3-4 s `import torch`,
+# cold and warmed alike; an installation people use has bytecode. The first process fills this folder.
+export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/gpuctx-pycache}"
