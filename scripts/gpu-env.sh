@@ -1,8 +1,8 @@
 # Sourced by the GPU scripts (gpu-check.sh, gpu-notebooks.sh, oom-demo.sh), from the repository
 # root: sets `py` (the project's .venv when there is one, else python3; PYTHON overrides),
-# `results` ($OUT, else benchmarks/results/), PYTHONPATH and PYTHONPYCACHEPREFIX. A Python without jupyter_server or
-# ipyparallel (the GPU machine) gets the Jupyter stack from .devwheels, installed once into
-# /tmp/gpuctx-site; build it where there is a network with scripts/gpu-wheels.sh.
+# `results` ($OUT, else benchmarks/results/), PYTHONPATH and PYTHONPYCACHEPREFIX. A Python without
+# jupyter_server or ipyparallel (the GPU machine) gets the Jupyter stack from .devwheels, installed
+# once into /tmp/gpuctx-site; build it where there is a network with scripts/gpu-wheels.sh.
 py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
 export PYTHON="$py"
 results="${OUT:-benchmarks/results}"
