@@ -85,6 +85,17 @@ def test_cells_and_threads_of_a_kernel_that_imported_torch_leave_cuda_unstarted(
     assert r.stdout.strip() == "(0, None)", r.stdout
 
 
+def test_import_torch_after_a_device_is_chosen_leaves_cuda_unstarted_until_a_cell_uses_it(kernel):
+    """The choice reaches torch at its import as a queued switch; asking torch then whether it
+    can use a GPU started CUDA's driver in the import cell (0.1-0.3 s, GIL held)."""
+    r = run(kernel, "%load_ext gpuctx\n%gpu use 0 --default")
+    assert r.reply["status"] == "ok", r.stderr
+    r = run(kernel, "import torch\nfrom gpuctx_jupyter.core import cuda_driver\nprint(repr(cuda_driver.touched()))")
+    assert r.stdout.strip() == "''", r.stdout + r.stderr
+    r = run(kernel, "print(torch.ones(1).device, torch.cuda.current_device())")
+    assert r.stdout.strip() == "cuda:0 0", r.stdout + r.stderr
+
+
 def test_threads_start_on_the_chosen_device_and_on_gpu_threads_keep_theirs(kernel):
     r = run(kernel, "%load_ext gpuctx\nimport torch, threading, json\n%gpu use 0 --default\n"
                     "torch.ones(1, device='cuda'); print('ok')")

@@ -51,21 +51,48 @@ def touched() -> str:
         return "driver"
 
 
-def start(ordinal: int) -> bool:
-    """Start the driver and device `ordinal`'s primary context (the one torch's runtime uses)
-    through ctypes, which lets go of the GIL: torch's own start does both while holding it
-    (cuInit and the context take 0.2-0.5 s on a large GPU host), and a cell sent meanwhile waits.
-    The context is retained for the process's life, as torch's runtime keeps it. True when done;
-    never raises (torch's own start then does it, as without this)."""
+def _driver():
+    """libcuda, loaded without the GIL (the loader's work is C too); None without a driver."""
     from . import preload
 
+    if not preload.dlopen(LIBCUDA.encode(), os.RTLD_NOW):
+        return None
+    return ctypes.CDLL(LIBCUDA)
+
+
+def init() -> bool:
+    """Start CUDA's driver (cuInit) through ctypes, which lets go of the GIL: asking torch or CuPy
+    whether a GPU is usable starts it while holding the GIL (0.1-0.3 s on a large GPU host). No
+    context, no GPU memory. True when started; never raises."""
     try:
-        path = LIBCUDA.encode()
-        if not preload.dlopen(path, os.RTLD_NOW):  # (the loader's work too, without the GIL)
-            return False
-        cuda = ctypes.CDLL(LIBCUDA)
+        cuda = _driver()
+        return cuda is not None and cuda.cuInit(0) == 0
+    except (OSError, AttributeError, ValueError):
+        return False
+
+
+def start(ordinal: int) -> bool:
+    """Start the driver and device `ordinal`'s primary context (the one torch's runtime uses)
+    through ctypes, without the GIL: torch's own start does both while holding it, and a cell
+    sent meanwhile waits. The context is retained, as torch's runtime keeps it for the process's
+    life (`release` gives it back where torch's start then fails). True when done; never raises
+    (torch's own start then does it, as without this)."""
+    try:
+        cuda = _driver()
         device, context = ctypes.c_int(0), ctypes.c_void_p()
-        return (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+        return (cuda is not None and cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
                 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0)
     except (OSError, AttributeError, ValueError):
         return False
+
+
+def release(ordinal: int) -> None:
+    """Give back the primary context `start` retained (when torch did not start after all: no
+    GPU memory is kept that torch alone would not have kept); never raises."""
+    try:
+        cuda = _loaded_libcuda()
+        device = ctypes.c_int(0)
+        if cuda is not None and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0:
+            cuda.cuDevicePrimaryCtxRelease_v2(device)
+    except (OSError, AttributeError, ValueError):
+        pass

@@ -73,10 +73,13 @@ def _save(cuda_may_start: bool) -> dict:
             at_start: list = []
             lazy_call = getattr(torch.cuda, "_lazy_call", None)
             if lazy_call is not None:
-                lazy_call(lambda: at_start.extend(g.get_state() for g in torch.cuda.default_generators))
+                def read():  # also the device current then: `torch.cuda.manual_seed` seeds that one
+                    at_start.extend(g.get_state() for g in torch.cuda.default_generators)
+                    saved["cuda_device_at_start"] = torch.cuda.current_device()
+                lazy_call(read)
             saved["cuda_at_start"] = at_start
             # torch runs the queued seeds (`torch.manual_seed`) after every other queued call, so
-            # after the one above too: they are replayed over what it read
+            # after the one above too: they are replayed over what it read, on the device it saw
             tracker = getattr(torch.cuda, "_lazy_seed_tracker", None)
             saved["cuda_seeds"] = [call[0] for call in (tracker.get_calls() if tracker else []) if call]
     return saved
@@ -94,9 +97,10 @@ def _restore(saved: dict) -> None:
         states = saved.get("cuda") or saved.get("cuda_at_start") or []
         for i, gen in enumerate(torch.cuda.default_generators):
             _put(gen, states[i] if i < len(states) else None)
-        if "cuda" not in saved:
-            for seed in saved.get("cuda_seeds", ()):
-                seed()
+        if "cuda" not in saved and saved.get("cuda_seeds"):
+            with torch.cuda.device(saved.get("cuda_device_at_start", torch.cuda.current_device())):
+                for seed in saved["cuda_seeds"]:
+                    seed()
 
 
 def _put(gen, state) -> None:

@@ -107,11 +107,13 @@ class Switcher:
         self._merge(self._apply_default(self.choice), applied)
         return applied
 
-    def _apply_one(self, fw: fws.Framework, applied: Applied) -> None:
+    def _apply_one(self, fw: fws.Framework, applied: Applied, ask: bool = True) -> None:
+        """`ask`: ask the framework whether it can use a GPU even before CUDA has started (which
+        starts CUDA's driver here, holding the GIL: for `%gpu use`, not for an import cell)."""
         choice = self.choice
         if choice is None:
             return
-        reason = fw.gpu_reason()
+        reason = fw.gpu_reason() if ask or fw.usable() is not None else None
         if reason:
             applied.errors[fw.name] = reason
             return
@@ -128,7 +130,7 @@ class Switcher:
         the current device, so for them the switch itself is the default."""
         applied = Applied()
         torch = self.framework("torch")
-        if torch is None or not torch.loaded() or torch.gpu_reason():
+        if torch is None or not torch.loaded() or torch.usable() is False:  # (a Python-level setting)
             return applied
         if choice is not None and choice.default:
             before = torch.set_default(choice.ordinal)
@@ -196,12 +198,12 @@ class Switcher:
                     if self.cuda_starting():
                         fw.mod.cuda.set_device(choice.ordinal)  # waits on torch's lazy-init lock
                     continue  # otherwise the queued lazy call takes care of it
-                if fw.gpu_reason() is None and fw.current() != choice.ordinal:
+                if fw.usable() and fw.current() != choice.ordinal:  # (not asked before CUDA starts)
                     fw.set_current(choice.ordinal)
             except Exception:
                 pass
         torch = self.framework("torch")
-        if (choice.default and torch is not None and torch.loaded() and torch.gpu_reason() is None
+        if (choice.default and torch is not None and torch.loaded() and torch.usable() is not False
                 and torch.default_device() != f"cuda:{choice.ordinal}"):
             torch.set_default(choice.ordinal)
 
@@ -211,7 +213,7 @@ class Switcher:
         if fw is None or self.choice is None:
             return
         applied = Applied()
-        self._apply_one(fw, applied)
+        self._apply_one(fw, applied, ask=False)
         if fw.name == "torch":
             self._merge(self._apply_default(self.choice), applied)
         elif fw.name in ("jax", "numba"):

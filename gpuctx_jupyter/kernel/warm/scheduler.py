@@ -515,6 +515,7 @@ class Warmer:
         if why:
             return f"imported {names} only; no GPU is visible: {why}"
         if "torch" in plan.frameworks and "torch" in imported:
+            cuda_driver.init()  # what asking torch starts, without the GIL (the kernel's thread runs on)
             reason = fws.TORCH.gpu_reason()
             if reason:
                 return f"imported {names} only; {reason}"

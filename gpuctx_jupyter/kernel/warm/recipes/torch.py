@@ -120,8 +120,13 @@ def _work(torch, dev, ops: set[str]) -> tuple[dict, dict]:
 
     def cuda_init():
         if not torch.cuda.is_initialized():
-            cuda_driver.start(dev.index)  # the driver and the context, without holding the GIL meanwhile
-            torch.cuda.init()
+            retained = cuda_driver.start(dev.index)  # the driver and the context, without holding the GIL
+            try:
+                torch.cuda.init()
+            except BaseException:
+                if retained and not torch.cuda.is_initialized():
+                    cuda_driver.release(dev.index)
+                raise
         torch.cuda.set_device(dev)
 
     def alloc():
