@@ -80,6 +80,21 @@ DEBOUNCE_S = 1.0  # JupyterLab sends the cells this long after typing stops (lab
 EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
          "nbformat": 4, "nbformat_minor": 5}
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
+# The same, recording when it ran on the kernel's clock (two clock reads: the same cost off and on),
+# to place it beside the warm-up's steps (OVERLAP).
+CPU_CELL_TIMED = ("import time as _tm\n_w0 = _tm.monotonic()\n" + CPU_CELL +
+                  "\nglobals().setdefault('_cpu_windows', []).append((_w0, _tm.monotonic()))")
+# Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
+# kernel took to begin the cell after its send (the client's time less the cell's own).
+OVERLAP = """import json as _j
+_m = getattr(get_ipython(), '_gpuctx', None)
+_w = globals().get('_cpu_windows') or [(0.0, 0.0)]
+_a, _b = _w[0]
+_steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
+print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
+                'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
+                'overlaps': [[s.name, round(min(_b, s.started + (s.seconds or 0)) - max(_a, s.started), 4)]
+                             for s in _steps if s.started < _b and s.started + (s.seconds or 0) > _a]}))"""
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trains
 # Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,
@@ -360,8 +375,12 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
     try:
         out = {"ready": s.ready, "standby_wait": wait}
         if case == "cpu":
-            out["cpu_cell"] = s.run(CPU_CELL)["seconds"]
-            out["cpu_cell_steady"] = s.run(CPU_CELL)["seconds"]
+            out["cpu_cell"] = s.run(CPU_CELL_TIMED)["seconds"]
+            out["cpu_cell_steady"] = s.run(CPU_CELL_TIMED)["seconds"]
+            try:
+                out["cpu_overlap"] = json.loads(s.run(OVERLAP)["stdout"].strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                out["cpu_overlap"] = None
             return out
         if case == "idle":
             time.sleep(idle)
@@ -546,6 +565,10 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
             if case.startswith("cpu"):
                 cells = f"CPU-bound cell at once {ms(s['cpu_cell'])}/{ms(s['cpu_cell_steady'])}"
                 print(f"{name:<18}{case:<22}{ms(s['ready']):>7}  {cells:<44}")
+                for r in runs[name][case]:  # each play's first cell, and the warm-up steps beside it
+                    o = r.get("cpu_overlap") or {}
+                    beside = ", ".join(f"{n} {ms(t)}" for n, t in o.get("overlaps") or ()) or "no warm-up step"
+                    print(f"{'':<40}{ms(r['cpu_cell']):>5} ms (in the kernel {ms(o.get('cell_in_kernel'))}): {beside}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
             mem = "–" if not s["memory"] else f"{s['memory'] / 2**20:.0f}"

@@ -53,46 +53,50 @@ def child(code: str, **env) -> dict:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loader's files and flags are Linux's")
 def test_torchs_libraries_load_without_the_gil_and_are_those_its_import_loads(tmp_path):
-    env = {"LD_LIBRARY_PATH": ""}
-    pre, plain = child(PRELOADED, **env), child(PLAIN, **env)
-    assert pre["loaded"] == ["libtorch_global_deps.so", "libtorch.so"]
+    """In this machine's environment as it is (LD_LIBRARY_PATH, ld.so.cache: a CUDA toolkit here)."""
+    pre, plain = child(PRELOADED), child(PLAIN)
+    assert pre["loaded"][0] == "libtorch_global_deps.so" and pre["loaded"][-1] == "libtorch.so", pre["loaded"]
     assert pre["again"] == []  # once per process
     assert pre["libraries"] == plain["libraries"]  # not one library more, none from elsewhere
     assert pre["wakes_during"] >= 5, pre  # the other thread ran while the loader worked
 
 
-GUARD = r'''
-import json, sys
-from gpuctx_jupyter.core import preload
-preload.LD_CACHE, preload.SYSTEM_FOLDERS = sys.argv[1], tuple(sys.argv[2:])
-print(json.dumps(preload._same_files_as_import(sys.argv[1])))  # (a site folder without nvidia/ in it)
-'''
+def test_the_libraries_preloaded_by_path_are_those_torchs_own_code_preloads(tmp_path, monkeypatch):
+    """Read from torch's source, without importing it: checked against torch's own functions run
+    here, which say what they would load and from which folder of sys.path."""
+    import torch
+
+    from gpuctx_jupyter.core import preload
+
+    with open(torch.__file__, encoding="utf-8") as f:
+        ours = preload.cuda_deps(f.read())
+    asked = []
+    monkeypatch.setattr(torch, "_preload_cuda_lib", lambda folder, pattern, required=True:
+                        asked.append((folder, pattern, required)))
+    torch._preload_cuda_deps()
+    assert ours == asked and asked, ours
+
+    sites = [tmp_path / "a", tmp_path / "b"]  # the first folder of sys.path that holds a library wins
+    for site, folder in zip(sites, ("other", "cublas")):
+        (site / "nvidia" / folder / "lib").mkdir(parents=True)
+        (site / "nvidia" / folder / "lib" / "libcublas.so.13").write_bytes(b"")
+    (sites[1] / "nvidia" / "cublas" / "lib" / "libcublasLt.so.13").write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(s) for s in sites])
+    for pattern in ("libcublas.so.*[0-9]", "libcublasLt.so.*[0-9]", "libcudnn.so.*[0-9]"):
+        theirs = next((found[0] for p in sys.path if (found := torch._get_cuda_dep_paths(p, "cublas", pattern))), None)
+        major = torch.version.cuda.split(".")[0] if torch.version.cuda else None
+        assert preload._dep_path("cublas", pattern, major) == theirs
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the loader's files and flags are Linux's")
-def test_a_cuda_build_is_not_preloaded_where_the_loader_could_find_other_cuda_libraries(tmp_path):
-    """There a library torch's import opens by path could be mapped twice: the import does it all.
-    Other CUDA libraries are on LD_LIBRARY_PATH, in ld.so.cache, or in a system folder; a driver's
-    folder (as containers put on LD_LIBRARY_PATH) is no reason."""
-    def guard(cache=b"", system=(), ld_library_path=None):
-        (tmp_path / "ld.so.cache").write_bytes(b"glibc-ld.so.cache1.1" + cache)
-        env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-        if ld_library_path is not None:
-            env["LD_LIBRARY_PATH"] = ld_library_path
-        out = subprocess.run([sys.executable, "-c", GUARD, str(tmp_path / "ld.so.cache"), *map(str, system)],
-                             capture_output=True, text=True, timeout=60, cwd=ROOT, env={**env, "PYTHONPATH": ROOT})
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+def test_a_torch_that_preloads_only_when_its_dependencies_fail_gets_no_preloading_of_ours():
+    from gpuctx_jupyter.core import preload
 
-    toolkit, driver, empty = tmp_path / "toolkit", tmp_path / "driver", tmp_path / "empty"
-    for folder in (toolkit, driver, empty):
-        folder.mkdir()
-    (toolkit / "libnvJitLink.so.12").write_bytes(b"")
-    (driver / "libcuda.so.1").write_bytes(b"")
-    assert guard(system=[empty], ld_library_path=str(driver)) is True
-    assert guard(system=[empty], ld_library_path=f"{driver}:{toolkit}") is False
-    assert guard(cache=b"\0libcusparse.so.12\0/usr/local/cuda/lib64/libcusparse.so.12\0", system=[empty]) is False
-    assert guard(system=[empty, toolkit]) is False
+    older = ("def _load_global_deps():\n    try:\n        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)\n"
+             "    except OSError as err:\n        for folder, name in cuda_libs.items():\n"
+             "            _preload_cuda_deps(folder, name)\n        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)\n")
+    assert preload.cuda_deps(older) == []  # global dependencies, then libtorch: as that import does
+    assert preload.cuda_deps("def f(:") is None  # unreadable: the import does it all
+    assert preload.cuda_deps("x = 1") is None
 
 
 CUDA_START = r'''

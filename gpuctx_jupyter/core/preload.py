@@ -1,31 +1,28 @@
 """Load torch's shared libraries without holding the GIL, before the warm-up imports torch.
 
 Why: Python loads an extension module with the GIL held, and torch's import loads its libraries
-that way (its own ctypes call included): the dynamic loader's relocations and static initialisers
+that way (its own ctypes calls included): the dynamic loader's relocations and static initialisers
 of a CUDA build take hundreds of ms, during which the kernel's own thread can neither answer
 kernel_info nor start a cell sent at once (scripts/probe-gil.py measures it). A C function called
-through ctypes lets go of the GIL, so the warm-up asks the loader for the same libraries that way
-first; torch's import then finds them loaded. Only libraries without Python in them are loaded,
-with the flags torch's import uses, and — for a CUDA build, whose import opens NVIDIA's libraries
-by path — only where the loader would pick the very files torch's import picks; anything that does
-not load is left to the import, which reports it as usual.
+through ctypes lets go of the GIL, so the warm-up makes the very calls torch's import makes to the
+loader, in the same order and with the same flags, that way first; torch's import then finds every
+library loaded. The calls are those of torch's `_load_global_deps` as the installed torch writes
+it (read from its source, not imported): its global dependencies, then — where it preloads NVIDIA's
+libraries by path, as a CUDA build from pip does — those files, then libtorch itself. Where its
+source does not say so plainly, or a call fails, the rest is left to the import, which does it as
+usual; nothing is loaded that the import would not load.
 """
 from __future__ import annotations
 
+import ast
 import ctypes
+import glob
 import importlib.util
 import os
 import re
 import sys
 
 _done: set[str] = set()
-# the CUDA libraries torch's import loads itself, by path, from the NVIDIA packages
-_LIBRARY = (r"lib(cudart|cublas|cublasLt|cudnn\w*|cufft|curand|cusolver|cusparse\w*|nvJitLink|nvrtc[\w-]*|"
-            r"nccl|cupti|nvshmem\w*|cufile|nvToolsExt)\.so")
-_CUDA_LIBRARY, _CUDA_LIBRARY_BYTES = re.compile(_LIBRARY), re.compile(_LIBRARY.encode())
-LD_CACHE = "/etc/ld.so.cache"
-SYSTEM_FOLDERS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/usr/local/lib", f"/lib/{os.uname().machine}-linux-gnu",
-                  f"/usr/lib/{os.uname().machine}-linux-gnu")
 
 
 def _dlopen():
@@ -43,52 +40,64 @@ def dlopen(path: bytes, mode: int) -> bool:
         return False
 
 
-def _search_path() -> list[str]:
-    """The folders the loader searches before a library's own RUNPATH: LD_LIBRARY_PATH as the
-    process started with it (the loader read it then) and as it is now; an empty entry is the
-    working directory."""
-    values = [os.environ.get("LD_LIBRARY_PATH", "")]
+def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == name]
+
+
+def cuda_deps(source: str) -> list[tuple[str, str, bool]] | None:
+    """What torch's `_load_global_deps` preloads by path once its global dependencies loaded,
+    as (folder, file pattern, required), in its order: [] where it preloads nothing then, None
+    where its source does not say plainly (the import is then left to do it)."""
     try:
-        with open("/proc/self/environ", "rb") as f:
-            values += [v[len(b"LD_LIBRARY_PATH="):].decode(errors="replace") for v in f.read().split(b"\0")
-                       if v.startswith(b"LD_LIBRARY_PATH=")]
-    except OSError:
-        pass
-    return [entry or os.getcwd() for value in values if value for entry in value.split(os.pathsep)]
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    load, deps = _function(tree, "_load_global_deps"), _function(tree, "_preload_cuda_deps")
+    if load is None:
+        return None
+    tries = [n for n in ast.walk(load) if isinstance(n, ast.Try)]
+    if not any(_calls(ast.Module(body=t.body, type_ignores=[]), "_preload_cuda_deps") for t in tries):
+        return []  # (it preloads only where its global dependencies fail to load: so do we not)
+    if deps is None:
+        return None
+    out: list[tuple[str, str, bool]] = []
+    for node in deps.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, (ast.List, ast.Tuple, ast.Dict)):
+            try:
+                libs = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            out += [(folder, pattern, True) for folder, pattern in (libs.items() if isinstance(libs, dict) else libs)]
+        for call in _calls(node, "_preload_cuda_lib"):
+            if len(call.args) == 2 and all(isinstance(a, ast.Constant) for a in call.args):
+                required = not any(k.arg == "required" and getattr(k.value, "value", True) is False
+                                   for k in call.keywords)
+                out.append((call.args[0].value, call.args[1].value, required))
+    return out or None
 
 
-def _system_has_cuda() -> bool:
-    """The loader's own search finds CUDA libraries on the system (a toolkit registered in
-    ld.so.cache or in the system's folders, as CUDA's container images have): a dependency that a
-    wheel's library does not find by its RUNPATH would then come from there."""
-    try:
-        with open(LD_CACHE, "rb") as f:
-            if _CUDA_LIBRARY_BYTES.search(f.read()):
-                return True
-    except OSError:
-        pass
-    return any(_holds_cuda(folder) for folder in SYSTEM_FOLDERS)
-
-
-def _holds_cuda(folder: str) -> bool:
-    try:
-        return any(_CUDA_LIBRARY.match(name) for name in os.listdir(folder))
-    except OSError:
-        return False
-
-
-def _same_files_as_import(site: str) -> bool:
-    """The loader finds CUDA's libraries only where torch's import opens them: no folder of
-    LD_LIBRARY_PATH holds one (a driver's folder, as containers set it, holds none), the system
-    has none of its own, and the NVIDIA packages (if any) are installed beside torch, first on
-    sys.path. Else a library torch's import opens by path could be mapped twice: the wheel's and
-    another the loader found first for a dependency."""
-    if any(_holds_cuda(folder) for folder in _search_path()) or _system_has_cuda():
-        return False
+def _dep_path(folder: str, pattern: str, cuda_major: str | None) -> str | None:
+    """The file torch's `_preload_cuda_lib` picks: the first folder of sys.path that holds it."""
     for entry in sys.path:
-        if entry and os.path.isdir(os.path.join(entry, "nvidia")):
-            return os.path.realpath(entry) == os.path.realpath(site)
-    return True
+        found = glob.glob(os.path.join(entry, "nvidia", folder, "lib", pattern))
+        if cuda_major:
+            found += glob.glob(os.path.join(entry, "nvidia", f"cu{cuda_major}", "lib", pattern))
+        found += glob.glob(os.path.join(entry, folder, "lib", pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def _maps() -> str:
+    try:
+        with open("/proc/self/maps") as f:
+            return f.read()
+    except OSError:
+        return ""
 
 
 def libraries(module: str) -> list[str]:
@@ -103,19 +112,39 @@ def libraries(module: str) -> list[str]:
         spec = importlib.util.find_spec("torch")
         if spec is None or not spec.origin:
             return []
-        lib = os.path.join(os.path.dirname(spec.origin), "lib")
-        site = os.path.dirname(os.path.dirname(spec.origin))
+        here = os.path.dirname(spec.origin)
+        lib = os.path.join(here, "lib")
         if os.environ.get("TORCH_USE_RTLD_GLOBAL") or not os.path.exists(os.path.join(lib, "libtorch_global_deps.so")):
             return []
-        if os.path.exists(os.path.join(lib, "libtorch_cuda.so")) and not _same_files_as_import(site):
-            return []  # (a CPU build links no CUDA library: the loader finds what the import finds)
+        with open(spec.origin, encoding="utf-8") as f:
+            deps = cuda_deps(f.read())
+        if deps is None:
+            return []
         done = []
-        # first what torch's import loads first, as it does (global); then torch itself, local
-        for name, mode in (("libtorch_global_deps.so", os.RTLD_GLOBAL | os.RTLD_NOW), ("libtorch.so", os.RTLD_NOW)):
-            path = os.path.join(lib, name)
-            if not os.path.exists(path) or not dlopen(path.encode(), mode):
-                break
-            done.append(name)
+        if not dlopen(os.path.join(lib, "libtorch_global_deps.so").encode(), os.RTLD_GLOBAL | os.RTLD_NOW):
+            return done  # (the import then preloads what it lacks and tries again, as usual)
+        done.append("libtorch_global_deps.so")
+        if deps and "libcudart.so" in _maps():  # a CUDA build: the import preloads these, by path
+            major = _cuda_major(here)
+            for folder, pattern, required in deps:
+                path = _dep_path(folder, pattern, major)
+                if path is None and not required:
+                    continue
+                if path is None or not dlopen(path.encode(), os.RTLD_NOW):
+                    break  # where the import's preloading stops too (it goes on to libtorch)
+                done.append(os.path.basename(path))
+        if dlopen(os.path.join(lib, "libtorch.so").encode(), os.RTLD_NOW):
+            done.append("libtorch.so")
         return done
-    except (OSError, AttributeError, ValueError):
+    except (OSError, AttributeError, ValueError, TypeError):
         return []
+
+
+def _cuda_major(torch_dir: str) -> str | None:
+    """torch.version.cuda's major number, read from its file (importing it imports torch)."""
+    try:
+        with open(os.path.join(torch_dir, "version.py"), encoding="utf-8") as f:
+            m = re.search(r"^cuda\b[^=\n]*=\s*['\"](\d+)", f.read(), re.MULTILINE)
+        return m.group(1) if m else None
+    except OSError:
+        return None

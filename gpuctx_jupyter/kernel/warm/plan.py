@@ -76,6 +76,7 @@ class Step:
     state: str = "planned"  # planned | running | done | skipped | failed
     detail: str = ""
     seconds: float | None = None
+    started: float | None = None  # time.monotonic() as it began (a benchmark places a cell beside it)
     cuda: str = ""  # after an import: "driver" or "context" when it touched CUDA (core/cuda_driver.py)
     overlap: bool = False  # an import that runs in the background while the next steps go on
     first_use: bool = False  # an import a library makes on its first use: after the GPU work

@@ -413,7 +413,7 @@ class Warmer:
             step.state, step.detail = "skipped", "your own GPU cell started first"
             return False
         self.status.phase = step.name
-        step.state = "running"
+        step.state, step.started = "running", time.monotonic()
         self._under_way.set()
         drawn = None if step.module else rng.save(step.kind == "gpu")  # given back after it (kernel/rng.py)
         t0 = time.perf_counter()

@@ -19,7 +19,7 @@ def timer(seconds: float, fn) -> threading.Timer:
 def in_background(step, fn, phases: dict) -> None:
     """Run `fn()` in a daemon thread, recorded as `step` (what it returns: the step's detail) and in
     `phases`; a failure is recorded and logged, never raised."""
-    step.state, t0 = "running", time.perf_counter()
+    step.state, step.started, t0 = "running", time.monotonic(), time.perf_counter()
 
     def work():
         try:
