@@ -288,3 +288,17 @@ def notebook_page(browser):
     for page in pages:
         if not page.is_closed():
             page.close()
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A site-packages folder the kernels get on PYTHONPATH, to install test packages into."""
+    folder = tmp_path / "lib" / "site-packages"
+    folder.mkdir(parents=True)
+
+    def install(name: str, files: dict[str, str]) -> None:
+        (folder / name).mkdir()
+        for rel, code in files.items():
+            (folder / name / rel).write_text(code)
+    install.path = str(folder)
+    return install

@@ -2,60 +2,15 @@
 them: `--ext=gpuctx` and GPUCTX_* in the environment, JPY_SESSION_NAME naming the notebook."""
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 
 import pytest
 
 from .harness.kernels import control, reply_to, run, start, stop, warm_up_ended
+from .harness.warm_kernels import kernel, plan_of, warmup_now
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
-
-PLAN = ("import json; m = get_ipython()._gpuctx; m.warmer.wait({wait})\n"
-        "print(json.dumps({{'status': m.warmer.status.as_dict(), 'plan': m.warmer.plan.as_dict() if m.warmer.plan "
-        "else None, 'lines': m.warmer.plan_lines()}}))")
-
-
-def plan_of(kc, wait: float = 60) -> dict:
-    r = run(kc, PLAN.format(wait=wait), timeout=wait + 30)
-    assert r.reply["status"] == "ok", r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def warmup_now(kc) -> dict:
-    """The warm-up record, asked on the control channel: no cell runs, so the warm-up does not pause."""
-    request = kc.session.msg("gpuctx_request", {})
-    kc.control_channel.send(request)
-    return reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]["warmup"]
-
-
-@pytest.fixture
-def site(tmp_path):
-    """A site-packages folder the kernels get on PYTHONPATH, to install test packages into."""
-    folder = tmp_path / "lib" / "site-packages"
-    folder.mkdir(parents=True)
-
-    def install(name: str, files: dict[str, str]) -> None:
-        (folder / name).mkdir()
-        for rel, code in files.items():
-            (folder / name / rel).write_text(code)
-    install.path = str(folder)
-    return install
-
-
-def kernel(tmp_path, nb_path, site_path=None, policy="auto", config: str = "", **env):
-    full = {"JPY_SESSION_NAME": str(nb_path), "GPUCTX_WARM": policy, "GPUCTX_WARM_SOURCE": "server hook", **env}
-    if site_path:
-        full["PYTHONPATH"] = os.pathsep.join([site_path, os.environ.get("PYTHONPATH", "")])
-    if config:
-        profile = tmp_path / "ipython" / "profile_default"
-        profile.mkdir(parents=True, exist_ok=True)
-        (profile / "ipython_kernel_config.py").write_text(config)
-        full["IPYTHONDIR"] = str(tmp_path / "ipython")
-    return start(env=full, extra_arguments=["--ext=gpuctx"], cwd=str(nb_path.parent))
-
 
 # A package whose import blocks until the test creates the release file, then imports a submodule
 # that needs the package. GPUCTX_TEST_RUNS counts how often the package's code runs.

@@ -9,10 +9,10 @@ as they are typed, contract/cells.py): the thread takes it up after the batch of
 latest one asked for winning, and its steps done before are not done again (warm/typed.py).
 
 It gives way to the user. It starts after the kernel's first kernel_info reply (readiness is not
-delayed); it starts no step while a cell runs, and no heavy step (an import, torch._dynamo)
-until the user has been idle a moment; a cell that imports while the warm-up is importing waits
-for that import to finish (never a partially initialised module); once a cell of the user's does
-GPU work, the warm-up does no more of its own. Failures are recorded, logged once and never raised.
+delayed); it starts no step while a cell runs (its imports under way stand still: import_gate.py),
+no heavy step (an import, torch._dynamo) until the user has been idle a moment; a cell importing
+while the warm-up imports waits for that import (never a partially initialised module); once a
+cell of the user's does GPU work, the warm-up does no more of its own. Failures: logged, not raised.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import importlib
 import logging
 import os
 import re
-import sys
 import threading
 import time
 
@@ -31,6 +30,7 @@ from ...core import inventory, preload
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
+from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
 from .recipes import RECIPES, recipe
@@ -39,7 +39,6 @@ log = logging.getLogger("gpuctx")
 # A cell that names one of these does its own first GPU work: the warm-up then does no more GPU
 # work of its own (two threads would each keep a set of cuBLAS/cuDNN handles).
 _GPU_CELL = re.compile(r"\b(?:cuda|cupy|jax|jnp|numba|on_gpu)\b|\.to\(\s*device\b|\bdevice\s*=")
-_IMPORTS = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", re.MULTILINE)
 # After a kernel_info reply, the warm-up starts once the kernel has had this long without another:
 # a frontend connecting sends several (the server's nudge on shell and control, the frontend's own),
 # and an import holding the GIL must not delay the one that makes the frontend say "ready".
@@ -71,7 +70,7 @@ class Warmer:
         self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
         self._holds_handles = False  # this thread holds library handles: it steps aside for a GPU cell
         self._importing: threading.Event | None = None  # set when the import in flight ends
-        self._import_deadline = 0.0
+        self._import_deadline = self._gate_base = 0.0  # (and the gate's closed time then: _deadline)
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
@@ -191,6 +190,7 @@ class Warmer:
         with self._cond:
             self._waiters += 1
             self._cell_waits = self._cells > 0
+            self._regate()
             self._cond.notify_all()
         try:
             if self.go():
@@ -201,6 +201,7 @@ class Warmer:
         finally:
             with self._cond:
                 self._waiters -= 1
+                self._regate()
         return self.status
 
     def plan_lines(self) -> list[str]:
@@ -221,15 +222,26 @@ class Warmer:
             if _GPU_CELL.search(source):
                 self._user_gpu = True
                 self._cond.notify_all()
-            importing, deadline = self._importing, self._import_deadline
+            importing, deadline = self._importing, self._deadline
             thread = self._thread if self._stepping_aside else None
         if thread is not None:
             # Let the thread exit first, so the cell's thread gets its handles from torch's pools.
             thread.join(1.0)
-        if importing is not None and not importing.is_set() and _imports_packages(source):
+        if importing is not None and not importing.is_set() and imports_packages(source):
             # The cell may need what is being imported: let that import finish first, rather than
             # have the cell compete with it or meet a half-imported package.
             importing.wait(max(0.0, deadline - time.monotonic()))
+        with self._cond:  # then the warm-up's imports stand still until no cell runs
+            self._regate()
+
+    def _regate(self) -> None:
+        """Hold the warm-up's imports while a cell runs that does not wait on it (import_gate.py)."""
+        (GATE.close if self._cells and not (self._waiters or self._cell_waits) else GATE.open)()
+
+    @property
+    def _deadline(self) -> float:
+        """When the import budget is spent: the time imports stood held for cells is not counted."""
+        return self._import_deadline + GATE.closed_s() - self._gate_base
 
     @property
     def _stepping_aside(self) -> bool:
@@ -240,6 +252,7 @@ class Warmer:
             self._cells = max(0, self._cells - 1)
             self._cell_waits = False
             self._last_cell_end = time.monotonic()
+            self._regate()
             if self._cell_started is not None and self.running and self.status.first_cell_overlap is None:
                 self.status.first_cell_overlap = 0.0  # it finished before the warm-up's step did
                 self._cell_started = None
@@ -310,7 +323,7 @@ class Warmer:
             for s in plan.steps:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
-        self._import_deadline = time.monotonic() + self.import_budget
+        self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.closed_s()
         reason, decided = None, False
         for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
@@ -443,13 +456,13 @@ class Warmer:
     def wait_background(self) -> None:
         """Until the imports running in the background have ended (or the import budget is spent)."""
         for done in list(self._background):
-            done.wait(max(0.0, self._import_deadline - time.monotonic()))
+            done.wait(max(0.0, self._deadline - time.monotonic()))
 
     def _import(self, step: Step, wait: bool = True) -> None:
         """Import in a helper thread, bounded by what is left of the import budget: an import that
         hangs is left behind (recorded as such), not waited on. With wait=False the import runs in
         the background while the next steps go on (CUDA's C calls let go of the GIL meanwhile)."""
-        if time.monotonic() >= self._import_deadline:
+        if time.monotonic() >= self._deadline:
             step.state, step.detail = "skipped", f"the import budget ({self.import_budget:g} s) is spent"
             return
         if fws.imported(step.module) and not step.names:
@@ -459,11 +472,12 @@ class Warmer:
 
         def work():
             try:
-                preload.libraries(step.module)  # the loader's share of the import, without the GIL
-                mod = importlib.import_module(step.module)
-                for name in step.names:  # `from x import y`: y may be a lazy attribute or a submodule
-                    if not hasattr(mod, name):
-                        importlib.import_module(f"{step.module}.{name}")
+                with GATE.holding():  # (it stands still while a cell runs)
+                    preload.libraries(step.module)  # the loader's share of the import, without the GIL
+                    mod = importlib.import_module(step.module)
+                    for name in step.names:  # `from x import y`: y may be a lazy attribute or a submodule
+                        if not hasattr(mod, name):
+                            importlib.import_module(f"{step.module}.{name}")
             except BaseException as exc:  # noqa: BLE001 — recorded, never raised
                 box["exc"] = exc
             finally:
@@ -476,7 +490,7 @@ class Warmer:
             while not done.wait(0.1):
                 if self._stepping_aside:  # the import goes on in its own thread, which holds no handles
                     raise _SteppedAside
-                if time.monotonic() >= self._import_deadline:
+                if time.monotonic() >= self._deadline:
                     raise TimeoutError(f"still importing after the import budget ({self.import_budget:g} s); "
                                        "left to finish in the background")
             if "exc" in box:
@@ -578,17 +592,6 @@ class Warmer:
             mine = [s for s in steps if s.framework == fw and s.state == "planned"]
             if mine:
                 recipe(fw).cpu(self, mine)
-
-
-def _imports_packages(source: str) -> bool:
-    """Whether a cell imports a module beyond the standard library that is not fully imported yet
-    (it may need what the warm-up is importing)."""
-    for name in _IMPORTS.findall(source):
-        if name.split(".")[0] in sys.stdlib_module_names and name in sys.modules:
-            continue
-        if not fws.imported(name):
-            return True
-    return False
 
 
 class _SteppedAside(Exception):
