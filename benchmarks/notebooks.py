@@ -92,7 +92,9 @@ _m = getattr(get_ipython(), '_gpuctx', None)
 _w = globals().get('_cpu_windows') or [(0.0, 0.0)]
 _a, _b = _w[0]
 _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
+from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
+                'imports_held': _g.held_s,
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
                 'overlaps': [[s.name, round(min(_b, s.started + (s.seconds or 0)) - max(_a, s.started), 4)]
                              for s in _steps if s.started < _b and s.started + (s.seconds or 0) > _a]}))"""
@@ -574,6 +576,8 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 for r in runs[name][case]:  # each play's first cell, and the warm-up steps beside it
                     o = r.get("cpu_overlap") or {}
                     beside = ", ".join(f"{n} {ms(t)}" for n, t in o.get("overlaps") or ()) or "no warm-up step"
+                    if o.get("imports_held"):
+                        beside += f" (its imports held {ms(o['imports_held'])} ms for cells)"
                     print(f"{'':<40}{ms(r['cpu_cell']):>5} ms (in the kernel {ms(o.get('cell_in_kernel'))}): {beside}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))

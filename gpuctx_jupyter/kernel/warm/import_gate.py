@@ -1,14 +1,15 @@
 """The warm-up's imports and the user's cells: which cells wait for an import, and the gate that
 holds the warm-up's imports while a cell runs.
 
-An import the warm-up began before a cell is Python work that shares the GIL with that cell: a
-CPU-bound cell sent the moment the kernel is ready ran slower beside it. The warm-up starts no
-step while a cell runs; the gate stops the step under way too: its import threads stand still at
-their next module (a finder first on `sys.meta_path` asks the gate, letting go of Python's import
-lock while it waits) until no cell runs. The modules they are importing stay locked meanwhile, so
-the gate lets them go on as soon as any other thread is inside an import (it may be waiting for
-one of those), and before a fork (a child must not inherit a half-imported module: the fork
-waits for those imports, bounded, as a cell importing them waits)."""
+An import the warm-up began before a cell is Python work that shares the GIL with that cell (a 1 s
+cell ran beside 40 modules of 10 ms each of a package being imported: tests/test_import_gate.py).
+The warm-up starts no step while a cell runs; the gate stops the step under way too: its import
+threads stand still at their next module (a finder first on `sys.meta_path` asks the gate,
+letting go of Python's import lock while it waits) until no cell runs. The modules they are
+importing stay locked meanwhile, so the gate lets them go on as soon as any other thread is
+inside an import (it may be waiting for one of those), and before a fork (a child must not
+inherit a half-imported module: the fork waits for those imports, bounded, as a cell importing
+them waits)."""
 from __future__ import annotations
 
 import _imp

@@ -524,8 +524,8 @@ class Warmer:
         names = ", ".join(imported) or "nothing"
         if plan.gpu_blocked or not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
             return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}"
-        inv = inventory.take()
-        why = inv.no_gpu_reason()
+        self._turn(Step("gpu", "the GPU check"), heavy=False)  # (asking torch holds the GIL a while)
+        why = inventory.take().no_gpu_reason()
         if why:
             return f"imported {names} only; no GPU is visible: {why}"
         if "torch" in plan.frameworks and "torch" in imported:
