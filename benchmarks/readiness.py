@@ -39,6 +39,7 @@ from tests.harness.server import KernelSocket, Server  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 PID = "import os as _os\nprint(_os.getpid())\ndel _os"
+LOADED_IN = "print(getattr(getattr(get_ipython(), '_gpuctx', None), 'loaded_in', None))"  # `%load_ext gpuctx`, s
 WARM_BEGAN = ("_m = getattr(get_ipython(), '_gpuctx', None)\n"
               "print(getattr(getattr(_m, 'warmer', None) and _m.warmer.status, 'started', None))\ndel _m")
 
@@ -67,15 +68,18 @@ def open_once(srv: Server, path: str) -> dict:
     deadline = time.monotonic() + 5  # (a warm-up still waiting to begin says None: asked again)
     while (began := ks.execute(WARM_BEGAN, silent=True).stdout.strip()) in ("", "None") and time.monotonic() < deadline:
         time.sleep(0.2)
+    loaded = ks.execute(LOADED_IN, silent=True).stdout.strip()
     ks.close()
     srv.api("DELETE", f"/api/sessions/{model['id']}")
     rel = lambda t: None if t is None else round(t - t0, 4)  # noqa: E731
     return {"post": rel(posted), "spawned": rel(started), "ws_asked": rel(asked), "ready": rel(ready),
-            "warm_began": rel(float(began)) if began not in ("", "None") else None}
+            "warm_began": rel(float(began)) if began not in ("", "None") else None,
+            "gpuctx_loaded_in": float(loaded) if loaded not in ("", "None") else None}
 
 
-def start_direct(path: str, gpuctx: bool) -> float:
-    """Seconds from launching a kernel to its first kernel_info reply (jupyter_client's wait)."""
+def start_direct(path: str, gpuctx: bool, loaded: list) -> float:
+    """Seconds from launching a kernel to its first kernel_info reply (jupyter_client's wait);
+    with gpuctx, how long loading it took is added to `loaded`."""
     from jupyter_client import KernelManager
 
     from gpuctx_jupyter.contract import SESSION, WarmSettings
@@ -90,7 +94,12 @@ def start_direct(path: str, gpuctx: bool) -> float:
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=120)
-        return time.monotonic() - t0
+        seconds = time.monotonic() - t0
+        if gpuctx:
+            out = []
+            kc.execute_interactive(LOADED_IN, timeout=30, output_hook=lambda m: out.append(m["content"].get("text", "")))
+            loaded.append(float("".join(out).strip() or "nan"))
+        return seconds
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -113,12 +122,13 @@ def through_servers(root: str, path: str, repeat: int) -> dict[str, list[dict]]:
             srv.stop()
     ms = lambda v: f"{v * 1000:.0f}" if v is not None else "–"  # noqa: E731
     print(f"readiness of {path}, {repeat} opens each; medians in ms from the POST")
-    print(f"{'server':<26}{'POST':>8}{'kernel spawned':>16}{'ws connected':>14}{'ready':>8}{'warm-up began':>15}")
+    print(f"{'server':<26}{'POST':>8}{'kernel spawned':>16}{'ws connected':>14}{'ready':>8}{'warm-up began':>15}"
+          f"{'gpuctx loaded in':>18}")
     for name, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) if all(r[k] is not None for r in rs) else None
-               for k in ("post", "spawned", "ws_asked", "ready", "warm_began")}
+               for k in ("post", "spawned", "ws_asked", "ready", "warm_began", "gpuctx_loaded_in")}
         print(f"{name:<26}{ms(med['post']):>8}{ms(med['spawned']):>16}{ms(med['ws_asked']):>14}{ms(med['ready']):>8}"
-              f"{ms(med['warm_began']):>15}")
+              f"{ms(med['warm_began']):>15}{ms(med['gpuctx_loaded_in']):>18}")
     off, on = runs["warming off"], runs["warming on, no standby"]
     diffs = [b["ready"] - a["ready"] for a, b in zip(off, on)]
     print(f"on − off, per pair (ms): {', '.join(f'{d * 1000:+.0f}' for d in diffs)}; median {statistics.median(diffs) * 1000:+.0f}")
@@ -137,17 +147,18 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="gpuctx-readiness-")
     shutil.copy(os.path.join(NOTEBOOKS, f"{args.notebook}.ipynb"), root)
     path = f"{args.notebook}.ipynb"
-    direct: dict[str, list[float]] = {"plain": [], "gpuctx": []}
+    direct: dict[str, list[float]] = {"plain": [], "gpuctx": [], "gpuctx_loaded_in": []}
     for rep in range(args.direct):
         for name in (("plain", "gpuctx") if rep % 2 == 0 else ("gpuctx", "plain")):
-            direct[name].append(start_direct(os.path.join(root, path), name == "gpuctx"))
+            direct[name].append(start_direct(os.path.join(root, path), name == "gpuctx", direct["gpuctx_loaded_in"]))
     runs = through_servers(root, path, args.repeat) if args.repeat else {}
     if args.direct:
         diffs = [b - a for a, b in zip(direct["plain"], direct["gpuctx"])]
         print(f"kernels started without a server, {args.direct} pairs: start → kernel_info, median "
               f"{statistics.median(direct['plain']) * 1000:.0f} ms plain, {statistics.median(direct['gpuctx']) * 1000:.0f} ms "
               f"with gpuctx; per pair {statistics.median(diffs) * 1000:+.0f} ms at the median "
-              f"({min(diffs) * 1000:+.0f} to {max(diffs) * 1000:+.0f})")
+              f"({min(diffs) * 1000:+.0f} to {max(diffs) * 1000:+.0f}); loading gpuctx took "
+              f"{statistics.median(direct['gpuctx_loaded_in']) * 1000:.0f} ms at the median, in the kernel")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
         json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), "notebook": path, "runs": runs, "direct": direct,

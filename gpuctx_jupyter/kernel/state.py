@@ -29,6 +29,7 @@ class KernelState:
         self.cell_thread_device: tuple[int | None, str | None] | None = None
         self.suspend = None  # kernel/suspend.py's Gate, in an ipykernel (installed by extension.load)
         self.workers = None  # GpuWorkers of `%gpu workers`, made by the magics on first use
+        self.loaded_in: float | None = None  # seconds `%load_ext gpuctx` took, its imports included
 
     def _warmup_starting_cuda(self) -> bool:
         return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
