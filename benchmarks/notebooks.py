@@ -83,17 +83,20 @@ EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "l
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 # The same, recording when it ran on the kernel's clock (two clock reads: the same cost off and on),
 # to place it beside the warm-up's steps (OVERLAP).
-CPU_CELL_TIMED = ("import time as _tm\n_w0 = _tm.monotonic()\n" + CPU_CELL +
-                  "\nglobals().setdefault('_cpu_windows', []).append((_w0, _tm.monotonic()))")
+CPU_CELL_TIMED = ("import time as _tm\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n_w1 = _tm.monotonic()\n"
+                  "with open('/proc/thread-self/stat') as _f:  # and the CPU it ran on (stat's field 39)\n"
+                  "    _cpu = int(_f.read().rsplit(')', 1)[1].split()[36])\n"
+                  "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu))")
 # Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
 # kernel took to begin the cell after its send (the client's time less the cell's own).
 OVERLAP = """import json as _j
 _m = getattr(get_ipython(), '_gpuctx', None)
-_w = globals().get('_cpu_windows') or [(0.0, 0.0)]
-_a, _b = _w[0]
+_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1)]
+_a, _b, _ = _w[0]
 _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
 from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
+                'in_kernel_and_cpu': [[round(b - a, 4), c] for a, b, c in _w],
                 'imports_held': _g.held_s,
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
                 'overlaps': [[s.name, round(min(_b, s.started + (s.seconds or 0)) - max(_a, s.started), 4)]
@@ -578,7 +581,8 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                     beside = ", ".join(f"{n} {ms(t)}" for n, t in o.get("overlaps") or ()) or "no warm-up step"
                     if o.get("imports_held"):
                         beside += f" (its imports held {ms(o['imports_held'])} ms for cells)"
-                    print(f"{'':<40}{ms(r['cpu_cell']):>5} ms (in the kernel {ms(o.get('cell_in_kernel'))}): {beside}")
+                    where = " / ".join(f"{ms(t)} on CPU {c}" for t, c in o.get("in_kernel_and_cpu") or ())
+                    print(f"{'':<40}{ms(r['cpu_cell'])}/{ms(r['cpu_cell_steady'])} ms (in the kernel {where}): {beside}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
             mem = "–" if not s["memory"] else f"{s['memory'] / 2**20:.0f}"
