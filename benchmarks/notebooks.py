@@ -89,7 +89,7 @@ CPU_CELL_TIMED = ("import time as _tm\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n
                   "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu))")
 # Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
 # kernel took to begin the cell after its send (the client's time less the cell's own).
-OVERLAP = """import json as _j
+OVERLAP = """import json as _j, time as _tm
 _m = getattr(get_ipython(), '_gpuctx', None)
 _w = globals().get('_cpu_windows') or [(0.0, 0.0, -1)]
 _a, _b, _ = _w[0]
@@ -97,10 +97,11 @@ _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if 
 from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
                 'in_kernel_and_cpu': [[round(b - a, 4), c] for a, b, c in _w],
-                'imports_held': _g.held_s,
+                'imports_held': _g.held(),
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
-                'overlaps': [[s.name, round(min(_b, s.started + (s.seconds or 0)) - max(_a, s.started), 4)]
-                             for s in _steps if s.started < _b and s.started + (s.seconds or 0) > _a]}))"""
+                'overlaps': [[s.name, round(min(_b, _e) - max(_a, s.started), 4)] for s in _steps
+                             if s.started < _b and (_e := s.started + s.seconds if s.seconds is not None
+                                                    else _tm.monotonic()) > _a]}))"""
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trains
 # Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,

@@ -96,9 +96,11 @@ def start_direct(path: str, gpuctx: bool, loaded: list) -> float:
         kc.wait_for_ready(timeout=120)
         seconds = time.monotonic() - t0
         if gpuctx:
-            out = []
-            kc.execute_interactive(LOADED_IN, timeout=30, output_hook=lambda m: out.append(m["content"].get("text", "")))
-            loaded.append(float("".join(out).strip() or "nan"))
+            out = []  # (stdout only: a warning of the kernel's may come as stderr meanwhile)
+            kc.execute_interactive(LOADED_IN, timeout=30, output_hook=lambda m: out.append(
+                m["content"].get("text", "") if m["content"].get("name") == "stdout" else ""))
+            last = ("".join(out).strip().splitlines() or ["None"])[-1]
+            loaded.append(float(last) if last != "None" else float("nan"))
         return seconds
     finally:
         kc.stop_channels()

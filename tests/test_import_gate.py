@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from gpuctx_jupyter.kernel.warm.import_gate import HOLD_MAX_S
+
 from .harness.kernels import run, stop
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
@@ -34,8 +36,8 @@ def importing(tmp_path, site):
     """A kernel whose warm-up is part-way through importing the package (modules: how many)."""
     kernels = []
 
-    def make(modules: int):
-        site("gpuctx_manymods", {"__init__.py": INIT, **{f"m{i}.py": MODULE for i in range(modules)}})
+    def make(modules: int, init: str = INIT):
+        site("gpuctx_manymods", {"__init__.py": init, **{f"m{i}.py": MODULE for i in range(modules)}})
         log = tmp_path / "log"
         (tmp_path / "work").mkdir()
         nb = tmp_path / "work" / "many.ipynb"
@@ -73,14 +75,49 @@ def test_a_cell_sent_while_the_warm_up_imports_runs_beside_no_import_of_it(impor
     assert len(log.read_text().split()) == 600
 
 
+def test_a_long_cell_holds_the_import_for_its_first_seconds_only(importing):
+    """Then the import goes on beside it (a long cell: the warm-up's import is not put off for it)."""
+    kc, log = importing(modules=1000)
+    r = run(kc, BUSY.format(seconds=HOLD_MAX_S + 1.5), timeout=60)
+    t0, t1 = json.loads(r.stdout)
+    times = [float(t) for t in log.read_text().split()]
+    assert len([t for t in times if t0 < t < t0 + HOLD_MAX_S - 0.2]) <= 1
+    assert len([t for t in times if t0 + HOLD_MAX_S + 0.2 < t < t1]) >= 5
+
+
+# The package's modules are imported by a function holding a lock (as a library's set-up may):
+# a cell that needs the lock must get it once that import is done, never wait on a held import.
+LOCKED_INIT = """import importlib, os, threading
+LOCK = threading.Lock()
+def _load():
+    with LOCK:
+        for i in range(int(os.environ["GPUCTX_TEST_MODULES"])):
+            importlib.import_module(f"{__name__}.m{i}")
+_load()
+DONE = True
+"""
+
+
+def test_an_import_made_by_a_function_is_not_held_a_lock_it_holds_may_be_the_cells(importing):
+    kc, log = importing(modules=300, init=LOCKED_INIT)
+    r = run(kc, BUSY.format(seconds=0.5) + "\nimport sys\nwith sys.modules['gpuctx_manymods'].LOCK:\n"
+            "    print('got the lock')", timeout=60)
+    assert r.reply["status"] == "ok" and "got the lock" in r.stdout, r.stdout + r.stderr
+    t0, t1 = json.loads(r.stdout.splitlines()[0])
+    assert len([t for t in map(float, log.read_text().split()) if t0 < t < t1]) >= 5  # not held
+
+
 def test_a_cell_that_needs_the_half_imported_package_gets_it_whole(importing):
     """It looks like no import (the warm-up cannot tell it waits): the cell's import waits on the
     package's lock, which the held import holds; the gate lets the import finish instead."""
     kc, log = importing(modules=300)
-    r = run(kc, BUSY.format(seconds=0.3) + "\nm = __import__('gpuctx_manymods.m299').m299\n"
-            "print(m.t > 0, __import__('gpuctx_manymods').DONE)", timeout=120)
+    r = run(kc, "from gpuctx_jupyter.kernel.warm.import_gate import GATE\nheld = GATE.held()\n"
+            + BUSY.format(seconds=0.3) + "\nm = __import__('gpuctx_manymods.m299').m299\n"
+            "print(m.t > 0, __import__('gpuctx_manymods').DONE, GATE.held() - held)", timeout=120)
     assert r.reply["status"] == "ok", r.stderr
-    assert r.stdout.split("\n")[1] == "True True", r.stdout
+    whole, done, held = r.stdout.split("\n")[1].split()
+    assert whole == done == "True", r.stdout
+    assert float(held) < HOLD_MAX_S / 2, r.stdout  # it went on when the cell asked, not at the limit
 
 
 FORK = BUSY.format(seconds=0.3) + """

@@ -8,6 +8,7 @@ from . import kernel_view, state, suspend
 from .magics import GpuMagics
 from .state import KernelState
 from .warm import start
+from .warm.import_gate import GATE
 from .warm.settings import GpuWarmup
 
 # The name the kernel's start-up load is kept under, so that a notebook's own `%load_ext gpuctx`
@@ -91,6 +92,7 @@ def unload(ip) -> None:
     ip.events.unregister("post_run_cell", st.after_cell)
     start.unhook_kernel_info(ip)
     st.warmer.cancel_scheduled()
+    GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)
     if st.workers is not None:
         st.workers.stop()
     st.import_hook.remove()

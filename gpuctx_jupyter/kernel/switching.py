@@ -104,7 +104,8 @@ class Switcher:
         applied = Applied()
         for fw in self._loaded():
             self._apply_one(fw, applied)
-        self._merge(self._apply_default(self.choice), applied)
+        if "torch" not in applied.errors:  # (torch cannot use the GPU: its default stays put)
+            self._merge(self._apply_default(self.choice), applied)
         return applied
 
     def _apply_one(self, fw: fws.Framework, applied: Applied, ask: bool = True) -> None:

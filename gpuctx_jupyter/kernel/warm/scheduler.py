@@ -70,7 +70,7 @@ class Warmer:
         self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
         self._holds_handles = False  # this thread holds library handles: it steps aside for a GPU cell
         self._importing: threading.Event | None = None  # set when the import in flight ends
-        self._import_deadline = self._gate_base = 0.0  # (and the gate's closed time then: _deadline)
+        self._import_deadline = self._gate_base = 0.0  # (and the imports' held time then: _deadline)
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
@@ -241,7 +241,7 @@ class Warmer:
     @property
     def _deadline(self) -> float:
         """When the import budget is spent: the time imports stood held for cells is not counted."""
-        return self._import_deadline + GATE.closed_s() - self._gate_base
+        return self._import_deadline + GATE.held() - self._gate_base
 
     @property
     def _stepping_aside(self) -> bool:
@@ -323,7 +323,7 @@ class Warmer:
             for s in plan.steps:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
-        self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.closed_s()
+        self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.held()
         reason, decided = None, False
         for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
