@@ -383,6 +383,9 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
         out = {"ready": s.ready, "standby_wait": wait}
         if case == "cpu":
             out["cpu_cell"] = s.run(CPU_CELL_TIMED)["seconds"]
+            # the server's standbys then: a refill starts as a standby is taken (a process importing
+            # on another core beside the cell; giving_way.py pauses it once it sees the cell)
+            out["standbys_after_first_cell"] = [[st.get("kind"), st.get("state")] for st in standbys(srv)]
             out["cpu_cell_steady"] = s.run(CPU_CELL_TIMED)["seconds"]
             try:
                 out["cpu_overlap"] = json.loads(s.run(OVERLAP)["stdout"].strip().splitlines()[-1])
@@ -580,6 +583,9 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 for r in runs[name][case]:  # each play's first cell, and the warm-up steps beside it
                     o = r.get("cpu_overlap") or {}
                     beside = ", ".join(f"{n} {ms(t)}" for n, t in o.get("overlaps") or ()) or "no warm-up step"
+                    booting = [k for k, state in r.get("standbys_after_first_cell") or () if state in ("booting", "paused")]
+                    if booting:
+                        beside += f"; a standby starting ({', '.join(map(str, booting))})"
                     if o.get("imports_held"):
                         beside += f" (its imports held {ms(o['imports_held'])} ms for cells)"
                     where = " / ".join(f"{ms(t)} on CPU {c}" for t, c in o.get("in_kernel_and_cpu") or ())
