@@ -17,6 +17,9 @@ import time
 from . import kernel_client
 
 EVERY_S = 0.2  # how often running cells are looked for
+# ... while a standby is starting: a notebook's first cell often comes as its standby is taken,
+# while the refill starts, and a short one would be over before a look every 0.2 s saw it
+STARTING_EVERY_S = 0.02
 
 
 class GivingWay:
@@ -48,6 +51,8 @@ class GivingWay:
         """Until `closing()`: stop the starting ones of `standbys()` while they should give way."""
         while not closing():
             stop = self.stop_starting(time.monotonic())
+            starting = False
             for s in standbys():
                 s.pause() if stop else s.resume()
-            await asyncio.sleep(EVERY_S)
+                starting = starting or (s.state == "booting" and not s.paused)
+            await asyncio.sleep(STARTING_EVERY_S if starting else EVERY_S)
