@@ -228,8 +228,9 @@ class Warmer:
             # Let the thread exit first, so the cell's thread gets its handles from torch's pools.
             thread.join(1.0)
         if importing is not None and not importing.is_set() and imports_packages(source):
-            # The cell may need what is being imported: let that import finish first, rather than
-            # have the cell compete with it or meet a half-imported package.
+            # The cell may need what is being imported: let that import finish first (unheld, as
+            # for a cell within a cell), rather than have it compete or meet a half-imported package.
+            GATE.open()
             importing.wait(max(0.0, deadline - time.monotonic()))
         with self._cond:  # then the warm-up's imports stand still until no cell runs
             self._regate()
@@ -249,8 +250,7 @@ class Warmer:
 
     def cell_finished(self) -> None:
         with self._cond:
-            self._cells = max(0, self._cells - 1)
-            self._cell_waits = False
+            self._cells, self._cell_waits = max(0, self._cells - 1), False
             self._last_cell_end = time.monotonic()
             self._regate()
             if self._cell_started is not None and self.running and self.status.first_cell_overlap is None:
