@@ -51,13 +51,15 @@ def touched() -> str:
         return "driver"
 
 
-def _driver():
-    """libcuda, loaded without the GIL (the loader's work is C too); None without a driver."""
+def _started():
+    """libcuda with its driver started (cuInit), both without the GIL: loading it is the loader's
+    C work, called through ctypes; None without a driver or where it does not start."""
     from . import preload
 
     if not preload.dlopen(LIBCUDA.encode(), os.RTLD_NOW):
         return None
-    return ctypes.CDLL(LIBCUDA)
+    cuda = _loaded_libcuda()
+    return cuda if cuda is not None and cuda.cuInit(0) == 0 else None
 
 
 def init() -> bool:
@@ -65,8 +67,7 @@ def init() -> bool:
     whether a GPU is usable starts it while holding the GIL (0.1-0.3 s on a large GPU host). No
     context, no GPU memory. True when started; never raises."""
     try:
-        cuda = _driver()
-        return cuda is not None and cuda.cuInit(0) == 0
+        return _started() is not None
     except (OSError, AttributeError, ValueError):
         return False
 
@@ -78,9 +79,9 @@ def start(ordinal: int) -> bool:
     life (`release` gives it back where torch's start then fails). True when done; never raises
     (torch's own start then does it, as without this)."""
     try:
-        cuda = _driver()
+        cuda = _started()
         device, context = ctypes.c_int(0), ctypes.c_void_p()
-        return (cuda is not None and cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
+        return (cuda is not None and cuda.cuDeviceGet(ctypes.byref(device), ordinal) == 0
                 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device) == 0)
     except (OSError, AttributeError, ValueError):
         return False

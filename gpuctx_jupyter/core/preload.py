@@ -40,7 +40,17 @@ def dlopen(path: bytes, mode: int) -> bool:
         return False
 
 
-def _function(tree: ast.Module, name: str) -> ast.FunctionDef | None:
+def _function(source: str, name: str) -> ast.FunctionDef | None:
+    """Top-level function `name` of `source`, parsed alone: parsing all of torch's __init__.py
+    took 8-15 ms holding the GIL, the very thing this module is there to spare the kernel."""
+    start = re.search(rf"^def {name}\(", source, re.MULTILINE)
+    if start is None:
+        return None
+    end = re.compile(r"^[^\s#)]", re.MULTILINE).search(source, source.index("\n", start.start()) + 1)
+    try:
+        tree = ast.parse(source[start.start():end.start() if end else len(source)])
+    except (SyntaxError, ValueError):
+        return None
     return next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
 
 
@@ -52,11 +62,7 @@ def cuda_deps(source: str) -> list[tuple[str, str, bool]] | None:
     """What torch's `_load_global_deps` preloads by path once its global dependencies loaded,
     as (folder, file pattern, required), in its order: [] where it preloads nothing then, None
     where its source does not say plainly (the import is then left to do it)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return None
-    load, deps = _function(tree, "_load_global_deps"), _function(tree, "_preload_cuda_deps")
+    load, deps = _function(source, "_load_global_deps"), _function(source, "_preload_cuda_deps")
     if load is None:
         return None
     tries = [n for n in ast.walk(load) if isinstance(n, ast.Try)]

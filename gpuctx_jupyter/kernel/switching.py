@@ -114,7 +114,7 @@ class Switcher:
         choice = self.choice
         if choice is None:
             return
-        reason = fw.gpu_reason() if ask or fw.usable() is not None else None
+        reason = fw.gpu_reason() if ask or fw.usable() is False else None
         if reason:
             applied.errors[fw.name] = reason
             return
