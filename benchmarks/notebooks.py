@@ -29,7 +29,9 @@ over the kernel websocket. Cases:
             first GPU cell" runs from the restart request to the first GPU cell's result
   cpu       off, the defaults, and without the imports standby: a CPU-bound pure-Python cell sent
             the moment the kernel is ready, while the warm-up imports (does the warm-up slow a
-            first cell that does not need it?); each play lists the warm-up steps beside the cell
+            first cell that does not need it?); each play lists the warm-up steps beside the cell,
+            the CPU it ran on, and the CPU time used beside it by the kernel's other threads and by
+            the rest of the host (a standby starting on another core)
   typed     a new notebook written cell by cell (issue #25): an empty, saved notebook is opened
             (its file stays empty: nothing is saved), then each of the notebook's code cells in
             turn is typed at the start of a slot of --idle seconds, its cells so far are sent a
@@ -71,7 +73,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
-from tests.harness.server import KernelSocket, Server  # noqa: E402
+from tests.harness.server import KernelSocket, Server, as_installed  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 SLOW_MODULE = "gpuctx_bench_slow"  # an installed package whose import takes 2 s (cpu_imports.ipynb)
@@ -82,21 +84,38 @@ EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "l
          "nbformat": 4, "nbformat_minor": 5}
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 # The same, recording when it ran on the kernel's clock (two clock reads: the same cost off and on),
-# to place it beside the warm-up's steps (OVERLAP).
-CPU_CELL_TIMED = ("import time as _tm\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n_w1 = _tm.monotonic()\n"
+# to place it beside the warm-up's steps (OVERLAP), and, read before and after it (outside its time),
+# the CPU that ran beside it: the kernel's other threads' (schedstat, ns) and the whole host's busy
+# time less the cell's own (/proc/stat: a standby starting on another core shows there).
+CPU_CELL_TIMED = ("import os as _os, threading as _th, time as _tm\n"
+                  "def _busy():  # (this thread's CPU s, the kernel's other threads' s, the host's busy s)\n"
+                  "    _me, _own, _rest = str(_th.get_native_id()), 0, 0\n"
+                  "    for _t in _os.listdir('/proc/self/task'):\n"
+                  "        try:\n"
+                  "            with open(f'/proc/self/task/{_t}/schedstat') as _f:\n"
+                  "                _ns = int(_f.read().split()[0])\n"
+                  "        except (OSError, ValueError, IndexError):\n"
+                  "            continue\n"
+                  "        _own, _rest = (_own + _ns, _rest) if _t == _me else (_own, _rest + _ns)\n"
+                  "    with open('/proc/stat') as _f:\n"
+                  "        _v = [int(_x) for _x in _f.readline().split()[1:9]]\n"
+                  "    return _own / 1e9, _rest / 1e9, (sum(_v) - _v[3] - _v[4]) / _os.sysconf('SC_CLK_TCK')\n"
+                  "_b0 = _busy()\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n_w1 = _tm.monotonic()\n_b1 = _busy()\n"
                   "with open('/proc/thread-self/stat') as _f:  # and the CPU it ran on (stat's field 39)\n"
                   "    _cpu = int(_f.read().rsplit(')', 1)[1].split()[36])\n"
-                  "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu))")
+                  "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu, round(_b1[1] - _b0[1], 4),\n"
+                  "                                                 round(_b1[2] - _b0[2] - (_b1[0] - _b0[0]), 3)))")
 # Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
 # kernel took to begin the cell after its send (the client's time less the cell's own).
 OVERLAP = """import json as _j, time as _tm
 _m = getattr(get_ipython(), '_gpuctx', None)
-_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1)]
-_a, _b, _ = _w[0]
+_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1, None, None)]
+_a, _b = _w[0][:2]
 _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
 from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
-                'in_kernel_and_cpu': [[round(b - a, 4), c] for a, b, c in _w],
+                'in_kernel_and_cpu': [[round(b - a, 4), c] for a, b, c, *_ in _w],
+                'beside': [{'kernel_threads': k, 'host_others': h} for *_, k, h in _w],
                 'imports_held': _g.held(),
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
                 'overlaps': [[s.name, round(min(_b, _e) - max(_a, s.started), 4)] for s in _steps
@@ -486,6 +505,7 @@ def main() -> None:
             with open(os.path.join(root, f"typed_{name}.ipynb"), "w") as fh:  # the typed case's new notebook
                 json.dump(EMPTY, fh)
             todo[name] = cells
+    bytecode = as_installed()
     common = ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True", "--MappingKernelManager.default_kernel_name=python3"]
     site = slow_package(root)
     server_env = {"PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")]), "GPUCTX_SERVER_POOL": "auto",
@@ -504,7 +524,7 @@ def main() -> None:
     runs: dict[str, dict[str, list]] = {n: {} for n in todo}
     env = {"gpu": inventory.take().devices[0].record.name if gpus else "none", "gpus": gpus,
            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-           "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(),
+           "python": platform.python_version(), "torch": _version("torch"), "cpus": os.cpu_count(), **bytecode,
            "repeat": args.repeat, "idle_s": args.idle, "typed_lead_s": lead,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "imports_standby_first_ready_s": startup, "standbys_at_start": standby_footprint(on)}
@@ -589,6 +609,10 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                     if o.get("imports_held"):
                         beside += f" (its imports held {ms(o['imports_held'])} ms for cells)"
                     where = " / ".join(f"{ms(t)} on CPU {c}" for t, c in o.get("in_kernel_and_cpu") or ())
+                    cpu_beside = " / ".join(f"{ms(b['kernel_threads'])}+{ms(b['host_others'])}"
+                                            for b in o.get("beside") or () if b.get("host_others") is not None)
+                    if cpu_beside:  # CPU ms beside each cell: the kernel's other threads + the host's rest
+                        where += f"; CPU beside it: kernel threads+host {cpu_beside} ms"
                     print(f"{'':<40}{ms(r['cpu_cell'])}/{ms(r['cpu_cell_steady'])} ms (in the kernel {where}): {beside}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))

@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.harness.server import KernelSocket, Server  # noqa: E402
+from tests.harness.server import KernelSocket, Server, as_installed  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 PID = "import os as _os\nprint(_os.getpid())\ndel _os"
@@ -146,6 +146,7 @@ def main() -> None:
     ap.add_argument("--direct", type=int, default=0, help="also N pairs of kernels started without a server")
     ap.add_argument("--json", default="benchmarks/results/readiness.json")
     args = ap.parse_args()
+    bytecode = as_installed()
     root = tempfile.mkdtemp(prefix="gpuctx-readiness-")
     shutil.copy(os.path.join(NOTEBOOKS, f"{args.notebook}.ipynb"), root)
     path = f"{args.notebook}.ipynb"
@@ -163,7 +164,8 @@ def main() -> None:
               f"{statistics.median(direct['gpuctx_loaded_in']) * 1000:.0f} ms at the median, in the kernel")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as fh:
-        json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), "notebook": path, "runs": runs, "direct": direct,
+        json.dump({"python": platform.python_version(), "cpus": os.cpu_count(), **bytecode, "notebook": path, "runs": runs,
+                   "direct": direct,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, fh, indent=1)
 
 

@@ -20,3 +20,10 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 # (scripts/probe-gil.py --calls: its environment keeps no bytecode), part of its 3-4 s `import torch`,
 # cold and warmed alike; an installation people use has bytecode. The first process fills this folder.
 export PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/gpuctx-pycache}"
+# ... which needs Python allowed to write bytecode at all: with PYTHONDONTWRITEBYTECODE set, every
+# process compiles every module it imports that has no bytecode yet (the Jupyter stack installed
+# below --no-compile, gpuctx), each kernel's start included (2.4 s on the H200 in the twelfth run,
+# 0.5 s on the CPU machine; benchmarks/readiness.py now records whether bytecode was written). So
+# gpuctx and the Jupyter stack are compiled once, as pip does at install.
+unset PYTHONDONTWRITEBYTECODE
+"$py" -m compileall -q -j 0 gpuctx_jupyter $([ -d /tmp/gpuctx-site ] && echo /tmp/gpuctx-site) > /dev/null 2>&1 || true

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from gpuctx_jupyter import contract
 from gpuctx_jupyter.contract import holders as hf
 
 from .harness.kernels import reply_to, run, start, stop
@@ -68,7 +69,7 @@ def test_the_other_notebook_is_named_and_releasing_its_cache_lets_the_cell_succe
     assert "other.ipynb" in block and "8.00 GiB cached" in block and "idle 15 min" in block
     first_fix = block[block.index("fixes, best first:"):].splitlines()[1]
     assert first_fix.startswith("   1. release the cache of other.ipynb (8.00 GiB"), block
-    msg = other.session.msg(hf.RELEASE_REQUEST, {})
+    msg = other.session.msg(contract.RELEASE_REQUEST, {})
     t0 = time.perf_counter()
     other.control_channel.send(msg)
     reply = reply_to(other, msg["header"]["msg_id"], 60, channel="control")["content"]

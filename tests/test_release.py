@@ -16,7 +16,8 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from gpuctx_jupyter import contract
-from gpuctx_jupyter.contract.holders import HOLDERS, RELEASE_REPLY, RELEASE_REQUEST, Holder, read_holders
+from gpuctx_jupyter.contract import RELEASE_REPLY, RELEASE_REQUEST
+from gpuctx_jupyter.contract.holders import HOLDERS, Holder, read_holders
 from gpuctx_jupyter.core.devices import GpuProcess, Visibility, VisibleDevice
 from gpuctx_jupyter.core.inventory import Inventory
 from gpuctx_jupyter.server import extension

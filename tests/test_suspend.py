@@ -207,7 +207,7 @@ def test_while_suspended_the_kernel_answers_from_before_and_refuses_to_release(k
     answer = control(kc, contract.REQUEST)["content"]
     assert answer["status"] == "ok" and answer["pid"] == pid and answer["memory"] == before["memory"]
     assert answer["suspend"]["state"] == "suspended" and answer["suspend"]["moved"] == {"0": 10 * GIB}
-    release = control(kc, holders_file.RELEASE_REQUEST)["content"]
+    release = control(kc, contract.RELEASE_REQUEST)["content"]
     assert release["status"] == "error" and "this kernel is suspended" in release["message"]
     assert fake.state(pid) == 2  # nothing of that woke it
 

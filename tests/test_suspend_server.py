@@ -85,9 +85,9 @@ async def start(jp_fetch, jp_serverapp, fake, path: str) -> tuple[str, int]:
     body = {"path": path, "type": "notebook", "name": path, "kernel": {"name": "python3"}}
     kid = json.loads((await jp_fetch("api", "sessions", method="POST", body=json.dumps(body))).body)["kernel"]["id"]
     kernel = jp_serverapp.kernel_manager.get_kernel(kid)
-    for _ in range(150):  # until gpuctx, loaded at start-up, answers
+    for _ in range(150):  # until gpuctx, loaded at start-up, answers, and its warm-up has read the notebook
         answer = await kernel_query.ask(kernel, 2)
-        if answer["status"] == "ok":
+        if answer["status"] == "ok" and answer["warmup"]["state"] != "running":
             fake.start_cuda(answer["pid"])
             return kid, answer["pid"]
         await asyncio.sleep(0.2)

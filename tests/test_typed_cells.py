@@ -11,6 +11,7 @@ import urllib.parse
 
 from .harness.kernels import reply_to, run, start, stop
 from .harness.notebooks import notebook
+from .harness.warm_kernels import plan_of, warmup_now
 from .harness.waiting import wait_for
 
 MARK = "gpuctx_typed_secret_5e1f"  # in a typed cell: must never appear in a log
@@ -219,6 +220,37 @@ def test_the_kernel_checks_typed_cells_itself(tmp_path):
             assert reply["content"]["status"] == "refused" and reply["content"]["message"].startswith(message)
         assert run(kc, "6 * 7").text == "42"
     finally:
+        stop(km, kc)
+
+
+def test_cells_typed_while_a_cell_runs_are_read_once_it_has_finished(tmp_path):
+    """Making a plan is Python work (reading cells, parsing them): like every step it waits for the
+    running cell instead of taking the GIL from it, and is made as soon as the cell ends."""
+    nb, started, release = tmp_path / "new.ipynb", tmp_path / "started", tmp_path / "release"
+    notebook(nb, [])
+    km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "auto"}, extra_arguments=["--ext=gpuctx"],
+                   cwd=str(tmp_path))
+    try:
+        wait_for(lambda: warmup_now(kc)["state"] in ENDED)  # the empty notebook's own plan
+        cell = kc.execute(f"import os, time\nopen({str(started)!r}, 'w').close()\n"
+                          f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)")
+        wait_for(started.exists)
+        request = kc.session.msg("gpuctx_cells_request", {"cells": ["import torch"]})
+        kc.control_channel.send(request)
+        assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["status"] == "ok"
+        def waiting_to_read():
+            now = warmup_now(kc)
+            return now if "reading the notebook" in now["phase"] else None
+
+        waiting = wait_for(waiting_to_read)
+        assert waiting["state"] == "running" and "once your cells finish" in waiting["phase"], waiting
+        release.write_text("go")
+        assert reply_to(kc, cell, timeout=30)["content"]["status"] == "ok"
+        wait_for(lambda: warmup_now(kc)["state"] in ENDED)
+        out = plan_of(kc)
+        assert any(s["name"] == "import torch" and s["state"] == "done" for s in out["plan"]["steps"]), out["plan"]
+    finally:
+        release.write_text("go")
         stop(km, kc)
 
 

@@ -2,6 +2,7 @@
 them: `--ext=gpuctx` and GPUCTX_* in the environment, JPY_SESSION_NAME naming the notebook."""
 from __future__ import annotations
 
+import pathlib
 import threading
 import time
 
@@ -175,6 +176,45 @@ def test_the_warm_up_starts_after_the_first_kernel_info_reply(tmp_path):
         hooked = run(kc, "k = get_ipython().kernel\n"
                          "print(getattr(k.shell_handlers['kernel_info_request'], '_gpuctx', False))")
         assert hooked.stdout.strip() == "False"  # the one-shot hook has put the handler back
+    finally:
+        stop(km, kc)
+
+
+# Installed as sitecustomize: records on the kernel's clock each time the process opens its notebook.
+OPENS = """import os, sys, time
+_nb, _log = os.environ["JPY_SESSION_NAME"], os.environ["GPUCTX_TEST_OPENS"]
+def _hook(event, args):
+    if event == "open" and args and str(args[0]) == _nb:
+        with open(_log, "a") as f:
+            f.write(f"{time.monotonic()}\\n")
+sys.addaudithook(_hook)
+"""
+
+
+@pytest.mark.parametrize("cells", [["import torch"], ["print('no GPU framework here')"]])
+def test_the_kernel_reads_its_notebook_only_once_it_has_answered(tmp_path, site, cells):
+    """Under policy auto, whether the notebook uses a GPU framework is read by the warm-up thread,
+    after the first kernel_info reply: a notebook of megabytes of outputs takes tens of ms to read,
+    which readiness never waits for. A notebook that uses none ends with the warm-up off, saying why."""
+    (pathlib.Path(site.path) / "sitecustomize.py").write_text(OPENS)
+    opens = tmp_path / "opens"
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, cells)
+    km, kc = kernel(tmp_path, nb, site.path, GPUCTX_TEST_OPENS=str(opens))
+    try:
+        def ended():
+            now = warmup_now(kc)
+            return now if now["state"] != "running" else None
+
+        st = wait_for(ended, timeout=60)
+        first_read = min(float(t) for t in opens.read_text().split())
+        assert st["started"] is not None and first_read >= st["started"], (first_read, st)
+        if cells[0].startswith("print"):
+            assert st["state"] == "off" and "uses no GPU framework" in st["detail"], st
+            assert "warm-up: off" in run(kc, "%gpu status").text
+        else:
+            assert st["state"] in ("done", "skipped") and "no GPU is visible" in st["detail"], st
     finally:
         stop(km, kc)
 

@@ -37,6 +37,11 @@ REQUEST, REPLY = "gpuctx_request", "gpuctx_reply"
 # The warm pool hands a standby to a notebook: {"cwd", "env", "pooled"} → {"status": "ok"}. On the
 # control channel, so that it is no cell: no execution count, no cell hooks, no user activity.
 ADOPT_REQUEST, ADOPT_REPLY = "gpuctx_adopt_request", "gpuctx_adopt_reply"
+# Release cached memory without losing work: the server's request and its reply. Content of the
+# request: {} ; of the reply: {"status": "ok", "pid", "released": {framework: bytes},
+# "released_total", "gc_collected", "cleared": [names of the references dropped], "before", "after"
+# (NVML bytes of this process per CUDA ordinal), "seconds"} or {"status": "error", "message"}.
+RELEASE_REQUEST, RELEASE_REPLY = "gpuctx_release_request", "gpuctx_release_reply"
 # Suspend (issue #28): an idle kernel's GPU memory into host memory, back before its next request.
 # The server suspends a kernel with the CUDA driver's process checkpoint API, from a helper process
 # (core/checkpoint.py); the kernel consents first, so that from then on it restores itself before

@@ -37,11 +37,6 @@ HOLDERS = "GPUCTX_HOLDERS"
 HOLDERS_PREFIX = "gpuctx-holders-"  # + "<server pid>.json"
 HOLDERS_VERSION = 1
 MAX_HOLDERS_BYTES = 4 * 2**20
-# Release cached memory without losing work: the server's control-channel request and its reply.
-# Content of the request: {} ; of the reply: {"status": "ok", "pid", "released": {framework: bytes},
-# "released_total", "gc_collected", "cleared": [names of the references dropped], "before", "after"
-# (NVML bytes of this process per CUDA ordinal), "seconds"} or {"status": "error", "message"}.
-RELEASE_REQUEST, RELEASE_REPLY = "gpuctx_release_request", "gpuctx_release_reply"
 
 
 def suspended_text(moved_total: int | float, since: float | None) -> str:

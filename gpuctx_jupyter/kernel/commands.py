@@ -204,6 +204,11 @@ SPECS = ("Device specs: 1 or cuda:1 (CUDA ordinals, as torch counts them), GPU-<
          "a unique name fragment such as h200, or auto (the most free memory).")
 
 
+def for_workers(spec: str) -> bool:
+    """Whether `%%on_gpu SPEC` means the workers: `all`, or a comma-separated list."""
+    return spec.strip().lower() == "all" or "," in spec
+
+
 def one_line(text: str) -> str:
     """`text` with line breaks and other control characters escaped: a UsageError is one line."""
     return "".join(ch if ch.isprintable() or ch == " " else repr(ch)[1:-1] for ch in text)

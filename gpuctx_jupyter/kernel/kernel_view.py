@@ -31,6 +31,8 @@ from ..contract import (
     CELLS_REPLY,
     CELLS_REQUEST,
     POOLED,
+    RELEASE_REPLY,
+    RELEASE_REQUEST,
     REPLY,
     REQUEST,
     RESUME_REPLY,
@@ -40,14 +42,16 @@ from ..contract import (
     SUSPEND_PREPARE_REPLY,
     SUSPEND_PREPARE_REQUEST,
 )
-from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
 from ..core import frameworks as fws
-from . import adoption, oom, release
-from .warm import typed
+
+# adoption, oom, release and warm.typed are imported when a request needs them: this module is
+# loaded with every kernel the server starts, before it answers (readiness).
 
 
 def report(state) -> dict:
     """The reply's content: what this kernel does on the GPU (`state`: its KernelState)."""
+    from . import oom
+
     choice = state.switcher.choice
     device, default = state.cell_thread_device or (None, None)
     memory = [f.as_dict() for f in fws.allocator_figures() if f.reserved or f.peak]
@@ -96,6 +100,8 @@ def register(ip, state, on_adopt=None) -> None:
         if state.suspend is not None and state.suspend.suspended:
             return {"status": "error", "message": "this kernel is suspended: its GPU memory is in host memory, "
                                                   "nothing of it is cached on the GPU"}
+        from . import release
+
         return release.release_memory(ip).as_reply()
 
     def suspend_step(step):
@@ -106,10 +112,20 @@ def register(ip, state, on_adopt=None) -> None:
             return step(gate, content)
         return answer
 
+    def adopt(content):
+        from . import adoption
+
+        return adoption.adopt(ip, content, on_adopt)
+
+    def cells(content):
+        from .warm import typed
+
+        return typed.accept(state, ip, content)
+
     handlers[REQUEST] = answering(REPLY, gpu_question)
     handlers[RELEASE_REQUEST] = answering(RELEASE_REPLY, release_cache)
-    handlers[ADOPT_REQUEST] = answering(ADOPT_REPLY, lambda content: adoption.adopt(ip, content, on_adopt))
-    handlers[CELLS_REQUEST] = answering(CELLS_REPLY, lambda content: typed.accept(state, ip, content))
+    handlers[ADOPT_REQUEST] = answering(ADOPT_REPLY, adopt)
+    handlers[CELLS_REQUEST] = answering(CELLS_REPLY, cells)
     handlers[SUSPEND_PREPARE_REQUEST] = answering(SUSPEND_PREPARE_REPLY, suspend_step(
         lambda gate, content: gate.prepare(str(content.get("token") or ""))))
     handlers[SUSPEND_DONE_REQUEST] = answering(SUSPEND_DONE_REPLY, suspend_step(lambda gate, content: gate.done(content)))

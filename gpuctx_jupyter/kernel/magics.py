@@ -1,10 +1,14 @@
 """The `%gpu` line magic and the `%%on_gpu` cell magic: dispatch through `commands.COMMANDS`,
-reports from `reports`, device switching and the warm-up through the kernel's `KernelState`."""
+reports from `reports`, device switching and the warm-up through the kernel's `KernelState`.
+
+Loaded with every kernel the server starts, before it answers: what only a command needs
+(reports, doctor, release, the workers) is imported when the command first runs."""
 from __future__ import annotations
 
 import ast
 import os
 import time
+from typing import TYPE_CHECKING
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -15,12 +19,14 @@ from ..contract import DEFAULT_OPS, FRAMEWORKS
 from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, parse_spec, read_spec
-from . import commands, doctor, release, reports
+from . import commands
 from .render import gib, signed
 from .state import KernelState
 from .switching import Choice, Switcher
 from .warm.scheduler import Warmer
-from .workers import GpuWorkers
+
+if TYPE_CHECKING:
+    from .workers import GpuWorkers
 
 
 @magics_class
@@ -53,6 +59,8 @@ class GpuMagics(Magics):
     def workers(self) -> GpuWorkers:
         """%gpu workers and %%on_gpu all (made on first use; nothing starts until asked)."""
         if self.state.workers is None:
+            from .workers import GpuWorkers
+
             self.state.workers = GpuWorkers(parent=self.shell)
         return self.state.workers
 
@@ -76,6 +84,8 @@ class GpuMagics(Magics):
         return getattr(self, command.handler)(commands.parse(command, words[1:]))
 
     def _gpu_help(self, args):
+        from . import reports
+
         width = reports.text_width()
         print(commands.help_for(args.subcommand, width) if args.subcommand else commands.overview(width))
 
@@ -83,6 +93,8 @@ class GpuMagics(Magics):
         display(self._list_report(inventory.take()))
 
     def _list_report(self, inv: inventory.Inventory):
+        from . import reports
+
         return reports.list_report(inv, self.switcher)
 
     def _resolve(self, spec: str, inv: inventory.Inventory | None = None):
@@ -147,14 +159,20 @@ class GpuMagics(Magics):
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
+        from . import reports
+
         report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines())
         display(self.workers.extend_status(report))
 
     def _gpu_mem(self, args):
+        from . import reports
+
         display(reports.memory_report(inventory.take()))
 
     def _gpu_free(self, args):
         # The same code path as the server's release request (kernel_view, RELEASE_REQUEST).
+        from . import release
+
         print(release.describe(release.release_memory(self.shell)))
 
     def _gpu_warm(self, args):
@@ -214,6 +232,8 @@ class GpuMagics(Magics):
         self.workers.command(args)
 
     def _gpu_doctor(self, args):
+        from . import doctor
+
         display(doctor.report(doctor.diagnose(inventory.take(), self.warmer.status)))
 
     # -- %%on_gpu --------------------------------------------------------------------------------
@@ -240,7 +260,7 @@ class GpuMagics(Magics):
         # The docstring (what `%%on_gpu?` shows) is the table's help, set below the class.
         __tracebackhide__ = True  # noqa: F841 — keep our frames out of the user's traceback
         args = commands.parse(commands.ON_GPU, commands.split(line, "%%on_gpu"))
-        if self.workers.wanted(args.spec):
+        if commands.for_workers(args.spec):
             return self.workers.run_cell(args, cell)
         if args.timeout is not None:
             raise UsageError("--timeout is for the workers: `%%on_gpu all --timeout 600`")

@@ -1,5 +1,5 @@
 """Giving GPU memory back without losing work: what `%gpu free` and the server's release request
-(contract.holders.RELEASE_REQUEST) both run.
+(contract.RELEASE_REQUEST) both run.
 
 Releasing never touches a user variable: it drops the references a failed cell leaves behind
 (sys.last_* and the local variables of the failed call's frames), collects garbage and returns

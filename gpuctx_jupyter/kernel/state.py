@@ -11,7 +11,6 @@ from __future__ import annotations
 import sys
 
 from ..core import frameworks as fws
-from . import hints
 from .switching import WATCHED, PostImportHook, Switcher
 from .warm.scheduler import Warmer
 
@@ -45,7 +44,11 @@ class KernelState:
         if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
             self.cell_thread_device = (torch.current(), torch.default_device())
         error = getattr(result, "error_in_exec", None)
-        hint = hints.hint_for(error) if error is not None else None
+        if error is None:
+            return
+        from . import hints  # (with oom.py: read on a cell's first error, not at the kernel's start)
+
+        hint = hints.hint_for(error)
         if hint:
             print(hint, file=sys.stderr)
 

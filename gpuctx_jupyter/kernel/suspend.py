@@ -41,13 +41,14 @@ import threading
 import time
 
 from ..contract import SUSPEND_STATES
-from ..core import checkpoint, inventory
+from ..core import inventory
 from ..core.sampler import process_sampler
 from . import kernel_view
 from .state import of as state_of
-from .oom import duration
-from .release import return_cached
 from .render import gib
+
+# core.checkpoint, oom and release are imported when a suspend is asked for: this module is loaded
+# with every kernel the server starts, before it answers (readiness).
 
 RUNNING, SUSPENDING, SUSPENDED, RESUMING = SUSPEND_STATES
 # Shell requests that never run the user's code: answered as they come, also while suspended.
@@ -113,6 +114,8 @@ class Gate:
         # Cache is free memory to the user: moving it to host memory and back would cost host RAM and
         # seconds for nothing, so it goes back to the GPU first, as Release does (a running cell is
         # refused below).
+        from .release import return_cached
+
         released = 0 if self._busy else sum(return_cached().values())
         report = kernel_view.report(self.kernel_state)  # still running: the figures are read as usual
         with self._cond:
@@ -209,6 +212,8 @@ class Gate:
             self.state = RESUMING
         t0 = time.perf_counter()
         try:
+            from ..core import checkpoint
+
             if previous == SUSPENDING and token:
                 checkpoint.cancel(self.pid, token)  # waits for a suspend under way; stops one not begun
             outcome = self._restore()
@@ -236,6 +241,8 @@ class Gate:
     def _start_waiting_helper(self) -> None:
         if self._waiting is not None and self._waiting.poll() is None:
             return
+        from ..core import checkpoint
+
         try:
             self._waiting = subprocess.Popen(
                 checkpoint.helper_command("serve", self.pid), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -261,6 +268,8 @@ class Gate:
             finally:
                 if waiting.poll() is None:
                     waiting.kill()
+        from ..core import checkpoint
+
         run = subprocess.run(checkpoint.helper_command("resume", self.pid, *need), capture_output=True,
                              text=True, timeout=RESTORE_TIMEOUT_S, start_new_session=True)
         lines = run.stdout.strip().splitlines()
@@ -275,6 +284,8 @@ class Gate:
     # -- what the user sees ----------------------------------------------------------------------------
     @staticmethod
     def _note_text(result: dict, since: float | None) -> str:
+        from .oom import duration
+
         moved = sum((result.get("moved") or {}).values())
         back = f" — {gib(moved)} back on the GPU" if moved else ""
         restore = (result.get("steps") or {}).get("restore")

@@ -569,11 +569,6 @@ class GpuWorkers(Preparing):
         return report
 
     # -- %%on_gpu all ---------------------------------------------------------------------------------
-    @staticmethod
-    def wanted(spec: str) -> bool:
-        """Whether `%%on_gpu SPEC` means the workers: `all`, or a comma-separated list."""
-        return spec.strip().lower() == "all" or "," in spec
-
     def select(self, spec: str) -> list[Worker]:
         """The ranks `%%on_gpu SPEC` runs on: all of them, or those on the GPUs named (as this
         notebook numbers them; for CPU or remote workers, numbers are ranks)."""

@@ -25,8 +25,8 @@ import importlib.util
 import weakref
 from dataclasses import dataclass
 
-from ..contract import ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, REPLY, REQUEST, SUSPEND_MESSAGES
-from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST
+from ..contract import (ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, RELEASE_REPLY, RELEASE_REQUEST, REPLY,
+                        REQUEST, SUSPEND_MESSAGES)
 from ..core import inventory
 from ..core.sampler import process_sampler
 from ..core.trace import Replay

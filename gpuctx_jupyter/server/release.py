@@ -21,7 +21,8 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 
-from ..contract.holders import RELEASE_REPLY, RELEASE_REQUEST, Holder
+from ..contract import RELEASE_REPLY, RELEASE_REQUEST
+from ..contract.holders import Holder
 from ..core.inventory import Inventory
 from . import kernel_query
 

@@ -24,14 +24,21 @@ import os
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, NOTEBOOK_FRAMEWORKS
-from ...contract import notebook as nbread
-from ...contract.notebook import Event, Facts
+
+if TYPE_CHECKING:  # (the reader is imported by the warm-up thread, which reads the notebook: not at load)
+    from ...contract.notebook import Event, Facts
 
 MAX_IMPORTS = 30
 IMPORT_BUDGET_S = 60.0
 MAX_DEVICES = 8
+
+
+class NotWanted(Exception):
+    """The policy does not warm this notebook (why, as `%gpu status` says it): found by the thread
+    that makes the plan, so that a kernel never reads its notebook before it answers."""
 
 # Modules whose import does more than define things: starts CUDA or preallocates GPU memory
 # (pycuda.autoinit, TensorFlow, cuDF/RMM), picks a GUI backend from a background thread
@@ -224,7 +231,10 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
     plan = Plan(recipe="notebook", notebook=path or "")
     for module in extra_imports:
         plan.add(Step("import", f"import {module}", where="warm_imports", module=module))
-    facts = nbread.read(path) if facts is None else facts
+    if facts is None:
+        from ...contract import notebook as nbread
+
+        facts = nbread.read(path)
     if facts.error:
         plan.reading = facts.error
         return _fallback(plan, frameworks_fallback, extra_ops)

@@ -24,9 +24,8 @@ import threading
 import time
 
 from ...contract import DEFAULT_OPS, STANDBY
-from ...core import cuda_driver
+from ...core import cuda_driver, inventory, preload
 from ...core import frameworks as fws
-from ...core import inventory, preload
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
@@ -268,6 +267,7 @@ class Warmer:
             except (OSError, AttributeError):
                 pass
         try:
+            self._turn(Step("plan", "reading the notebook"), heavy=False)  # (Python work: not beside a cell)
             plan = self.plan = make_plan()
             self._carry_out(plan, device)
             while True:  # plans asked for meanwhile (typed cells): the latest, until none is left
@@ -280,6 +280,8 @@ class Warmer:
                 st.state, st.detail = "running", ""  # %gpu status: under way again, not the last plan's "done"
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
+        except plans.NotWanted as exc:  # (a notebook the policy does not warm: off, as if never started)
+            st.state, st.detail = "off", str(exc)
         except _SteppedAside:
             for s in self.plan.steps:
                 if s.state in ("planned", "running"):
@@ -385,13 +387,8 @@ class Warmer:
             return self._cells_started
 
     # -- what a recipe may ask (recipes.Run) ------------------------------------------------------
-    @property
-    def cells_started(self) -> int:
-        return self._cells_started
-
-    @property
-    def user_gpu(self) -> bool:
-        return self._user_gpu
+    cells_started = property(lambda self: self._cells_started)
+    user_gpu = property(lambda self: self._user_gpu)
 
     def phase(self, step: Step, fn, heavy: bool = False, handles: bool = False) -> bool:
         """Run one step as a phase of the record when it is its turn; True when it ran. `handles`:

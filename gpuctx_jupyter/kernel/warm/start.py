@@ -5,15 +5,17 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, SESSION, STANDBY_RECIPE, WARM_SOURCE, opted_out
-from ...contract import notebook as nbread
+from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, SESSION, STANDBY_RECIPE, WARM_SOURCE, WORKER_IMPORTS, opted_out
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
-from .. import worker_zygote
 from ..switching import Choice
 from . import plan as plans
 from .settings import GpuWarmup
+
+if TYPE_CHECKING:
+    from ...contract import notebook as nbread
 
 log = logging.getLogger("gpuctx")
 _UNHOOK = "_gpuctx_unhook_kernel_info"
@@ -34,14 +36,22 @@ def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None)
                                 typed=facts is not None)
 
 
+def _off(cfg: GpuWarmup) -> str:
+    """Why no warm-up at all, as far as the settings say ("": the policy may warm)."""
+    if opted_out():
+        return "opted out (GPUCTX_WARM=0)"
+    return "policy never" if cfg.policy == "never" else ""
+
+
 def wanted(cfg: GpuWarmup, path: str | None) -> tuple[bool, str]:
     """Whether the policy warms this kernel's notebook (and why not). `auto` warms a notebook that
     uses a GPU framework, and a new one's imports (the recipe then imports only: no CUDA)."""
-    if opted_out():
-        return False, "opted out (GPUCTX_WARM=0)"
-    if cfg.policy == "never":
-        return False, "policy never"
+    off = _off(cfg)
+    if off:
+        return False, off
     if cfg.policy == "auto":
+        from ...contract import notebook as nbread
+
         facts = nbread.read(path)
         gpu, why = facts.wants_gpu()
         if not gpu and not (cfg.recipe == "notebook" and facts.readable and facts.new):
@@ -59,20 +69,24 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
             state.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
         except SpecError as exc:
             log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
-    if cfg.recipe == STANDBY_RECIPE and os.environ.get(worker_zygote.ENV_WANTED) == "1":
+    if cfg.recipe == STANDBY_RECIPE and os.environ.get(WORKER_IMPORTS) == "1":
+        from .. import worker_zygote
+
         # not torch.compile's import: it starts the CUDA driver, after which the process may not fork
         why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE))
         if why_not:
             log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)
-    warm, why = wanted(cfg, path)
     warmer = state.warmer
-    if not warm:
-        warmer.status.detail = why
+    off = _off(cfg)
+    if off:
+        warmer.status.detail = off
         return
     source = os.environ.get(WARM_SOURCE, "kernel config")
     warmer.import_budget = cfg.import_budget
     make_plan = planner(cfg, path)
+    if cfg.policy == "auto":  # whether it uses a GPU framework: read by the warm-up thread, after readiness
+        make_plan = _if_wanted(cfg, path, make_plan)
     unhook = on_kernel_info(shell, warmer) if defer else None
     if unhook is not None:
         warmer.schedule(make_plan, source=source, within=cfg.start_within, on_start=unhook)
@@ -80,11 +94,24 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
         warmer.start_plan(make_plan, source=source)
 
 
+def _if_wanted(cfg: GpuWarmup, path: str | None, make_plan):
+    """`make_plan`, once the notebook is read and found to be one the policy warms (a notebook of
+    megabytes of outputs takes tens of ms to read: not before the kernel answers)."""
+    def make():
+        warm, why = wanted(cfg, path)
+        if not warm:
+            raise plans.NotWanted(why)
+        return make_plan()
+    return make
+
+
 def after_adoption(state, shell, previous: str | None) -> bool:
     """The warm pool handed this standby to a notebook other than the one it was warmed for: warm
     what that notebook runs, in the background, once the standby's own warm-up is over (imports
     done already are instant; what the plan adds, e.g. training, runs now). True when started.
     The workers' imports stay only for a notebook that starts workers."""
+    from .. import worker_zygote
+
     path = os.environ.get(SESSION)
     worker_zygote.after_adoption(path)
     cfg = GpuWarmup(parent=shell)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The GPU work a change still owes, as commands that each fit a GPU machine's 10-minute limit.
+# Run from the repository root, one part per command (set up as scripts/gpu-check.sh: .devwheels/):
+#
+#   scripts/gpu-pending.sh tests-warmup   # GPU tests of the warm-up, preloading, typed cells, threads, magics
+#   scripts/gpu-pending.sh tests-server   # GPU tests of NVML, the monitor, out-of-memory, the server, suspend
+#   scripts/gpu-pending.sh tests-workers  # GPU tests of `%gpu workers`
+#   scripts/gpu-pending.sh readiness      # open → ready, warming off against on (12 opens, 12 direct starts
+#                                         # each), and what loading gpuctx costs there, module by module
+#   scripts/gpu-pending.sh cpu-cell       # a CPU-bound first cell sent at once: off, defaults, no standby,
+#                                         # with the warm-up steps and the CPU used beside each cell
+#   scripts/gpu-pending.sh runall         # Run All right after opening: off, defaults, no imports standby
+#
+# Results go to $OUT (else benchmarks/results/); each part prints its table as it ends.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+. scripts/gpu-env.sh  # py, results, PYTHONPATH
+part="${1:-}"
+case "$part" in
+  tests-warmup)
+    scripts/gpu-check.sh tests --durations=15 tests/test_gpu_warmup.py tests/test_preload.py tests/test_gpu_typed.py \
+      tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py ;;
+  tests-server)
+    scripts/gpu-check.sh tests --durations=15 tests/test_nvml.py tests/test_gpu_monitor.py tests/test_gpu_oom.py \
+      tests/test_gpu_server.py tests/test_gpu_suspend.py ;;
+  tests-workers)
+    scripts/gpu-check.sh tests --durations=15 tests/test_gpu_workers.py tests/test_gpu_workers_forked.py \
+      tests/test_gpu_workers_prepared.py ;;
+  readiness)
+    # where gpuctx's load goes on this host (its own modules, each import's cost), then readiness
+    "$py" -X importtime -c "import IPython, ipykernel.ipkernel; import gpuctx_jupyter.kernel.extension" \
+      2> "$results/importtime.txt" && grep -E "gpuctx|ipykernel.ipkernel$" "$results/importtime.txt" | tail -12
+    "$py" benchmarks/readiness.py --repeat 12 --direct 12 --json "$results/readiness.json" 2>&1 \
+      | grep -v "WARNING | Kernel is running over TCP" ;;
+  cpu-cell)
+    CASES=cpu scripts/gpu-notebooks.sh 300 heavy_imports ;;
+  runall)
+    CASES=runall scripts/gpu-notebooks.sh 300 heavy_imports ;;
+  *)
+    sed -n '2,15p' "$0"; exit 2 ;;
+esac
