@@ -30,8 +30,9 @@ over the kernel websocket. Cases:
   cpu       off, the defaults, and without the imports standby: a CPU-bound pure-Python cell sent
             the moment the kernel is ready, while the warm-up imports (does the warm-up slow a
             first cell that does not need it?); each play lists the warm-up steps beside the cell,
-            the CPU it ran on, and the CPU time used beside it by the kernel's other threads and by
-            the rest of the host (a standby starting on another core)
+            the CPU it ran on, its own CPU time (less than its time: it waited for a core) and the
+            CPU time used beside it by the kernel's other threads and by the rest of the host (a
+            standby starting on another core)
   typed     a new notebook written cell by cell (issue #25): an empty, saved notebook is opened
             (its file stays empty: nothing is saved), then each of the notebook's code cells in
             turn is typed at the start of a slot of --idle seconds, its cells so far are sent a
@@ -83,10 +84,11 @@ DEBOUNCE_S = 1.0  # JupyterLab sends the cells this long after typing stops (lab
 EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
          "nbformat": 4, "nbformat_minor": 5}
 CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
-# The same, recording when it ran on the kernel's clock (two clock reads: the same cost off and on),
-# to place it beside the warm-up's steps (OVERLAP), and, read before and after it (outside its time),
-# the CPU that ran beside it: the kernel's other threads' (schedstat, ns) and the whole host's busy
-# time less the cell's own (/proc/stat: a standby starting on another core shows there).
+# The same, recording when it ran on the kernel's clock, to place it beside the warm-up's steps
+# (OVERLAP), and, read just before and after it (outside its kernel time, not outside the client's:
+# the same reads off and on), its own CPU time and the CPU that ran beside it: the kernel's other
+# threads' (schedstat, ns) and the rest of the host's (/proc/stat less both: a standby starting on
+# another core; in 10 ms ticks, so ±10 ms).
 CPU_CELL_TIMED = ("import os as _os, threading as _th, time as _tm\n"
                   "def _busy():  # (this thread's CPU s, the kernel's other threads' s, the host's busy s)\n"
                   "    _me, _own, _rest = str(_th.get_native_id()), 0, 0\n"
@@ -103,18 +105,18 @@ CPU_CELL_TIMED = ("import os as _os, threading as _th, time as _tm\n"
                   "_b0 = _busy()\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n_w1 = _tm.monotonic()\n_b1 = _busy()\n"
                   "with open('/proc/thread-self/stat') as _f:  # and the CPU it ran on (stat's field 39)\n"
                   "    _cpu = int(_f.read().rsplit(')', 1)[1].split()[36])\n"
-                  "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu, round(_b1[1] - _b0[1], 4),\n"
-                  "                                                 round(_b1[2] - _b0[2] - (_b1[0] - _b0[0]), 3)))")
+                  "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu, round(_b1[0] - _b0[0], 4),\n"
+                  "    round(_b1[1] - _b0[1], 4), round(_b1[2] - _b0[2] - (_b1[0] - _b0[0]) - (_b1[1] - _b0[1]), 3)))")
 # Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
 # kernel took to begin the cell after its send (the client's time less the cell's own).
 OVERLAP = """import json as _j, time as _tm
 _m = getattr(get_ipython(), '_gpuctx', None)
-_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1, None, None)]
+_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1, None, None, None)]
 _a, _b = _w[0][:2]
 _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
 from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
-                'in_kernel_and_cpu': [[round(b - a, 4), c] for a, b, c, *_ in _w],
+                'in_kernel_and_cpu': [[round(b - a, 4), c, own] for a, b, c, own, *_ in _w],
                 'beside': [{'kernel_threads': k, 'host_others': h} for *_, k, h in _w],
                 'imports_held': _g.held(),
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
@@ -608,7 +610,8 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                         beside += f"; a standby starting ({', '.join(map(str, booting))})"
                     if o.get("imports_held"):
                         beside += f" (its imports held {ms(o['imports_held'])} ms for cells)"
-                    where = " / ".join(f"{ms(t)} on CPU {c}" for t, c in o.get("in_kernel_and_cpu") or ())
+                    where = " / ".join(f"{ms(t)} on CPU {c}" + (f" ({ms(own[0])} of it on the CPU)" if own else "")
+                                       for t, c, *own in o.get("in_kernel_and_cpu") or ())
                     cpu_beside = " / ".join(f"{ms(b['kernel_threads'])}+{ms(b['host_others'])}"
                                             for b in o.get("beside") or () if b.get("host_others") is not None)
                     if cpu_beside:  # CPU ms beside each cell: the kernel's other threads + the host's rest

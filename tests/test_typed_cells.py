@@ -11,7 +11,7 @@ import urllib.parse
 
 from .harness.kernels import reply_to, run, start, stop
 from .harness.notebooks import notebook
-from .harness.warm_kernels import plan_of, warmup_now
+from .harness.warm_kernels import kernel, plan_of, warmup_now
 from .harness.waiting import wait_for
 
 MARK = "gpuctx_typed_secret_5e1f"  # in a typed cell: must never appear in a log
@@ -223,9 +223,9 @@ def test_the_kernel_checks_typed_cells_itself(tmp_path):
         stop(km, kc)
 
 
-def test_cells_typed_while_a_cell_runs_are_read_once_it_has_finished(tmp_path):
-    """Making a plan is Python work (reading cells, parsing them): like every step it waits for the
-    running cell instead of taking the GIL from it, and is made as soon as the cell ends."""
+def test_cells_typed_while_a_cell_runs_are_planned_once_it_has_finished(tmp_path):
+    """Making the warm-up's plan is Python work (reading cells, parsing them): like every step it
+    waits for the running cell instead of taking the GIL from it, and is made once the cell ends."""
     nb, started, release = tmp_path / "new.ipynb", tmp_path / "started", tmp_path / "release"
     notebook(nb, [])
     km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "auto"}, extra_arguments=["--ext=gpuctx"],
@@ -240,7 +240,7 @@ def test_cells_typed_while_a_cell_runs_are_read_once_it_has_finished(tmp_path):
         assert reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]["status"] == "ok"
         def waiting_to_read():
             now = warmup_now(kc)
-            return now if "reading the notebook" in now["phase"] else None
+            return now if "reading the plan" in now["phase"] else None
 
         waiting = wait_for(waiting_to_read)
         assert waiting["state"] == "running" and "once your cells finish" in waiting["phase"], waiting
@@ -248,6 +248,35 @@ def test_cells_typed_while_a_cell_runs_are_read_once_it_has_finished(tmp_path):
         assert reply_to(kc, cell, timeout=30)["content"]["status"] == "ok"
         wait_for(lambda: warmup_now(kc)["state"] in ENDED)
         out = plan_of(kc)
+        assert any(s["name"] == "import torch" and s["state"] == "done" for s in out["plan"]["steps"]), out["plan"]
+    finally:
+        release.write_text("go")
+        stop(km, kc)
+
+
+def test_cells_typed_before_the_kernel_has_read_its_notebook_are_warmed_all_the_same(tmp_path):
+    """Under policy auto the warm-up thread reads whether the notebook uses a GPU framework. Cells
+    typed before it has (here: while a cell runs and the thread waits its turn) are warmed after it
+    found the saved notebook uses none, not dropped with that decision."""
+    nb, started, release = tmp_path / "plain.ipynb", tmp_path / "started", tmp_path / "release"
+    notebook(nb, "print('no GPU framework here')")
+    km, kc = kernel(tmp_path, nb)
+    try:
+        wait_for(lambda: warmup_now(kc)["state"] == "off")  # the kernel's own start: nothing to warm
+        cell = kc.execute("import os, time\nfrom gpuctx_jupyter.kernel.extension import warm_from_env\n"
+                          "warm_from_env(get_ipython())  # as the server's request starts it again\n"
+                          f"open({str(started)!r}, 'w').close()\n"
+                          f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)")
+        wait_for(started.exists)
+        wait_for(lambda: "once your cells finish" in warmup_now(kc)["phase"])  # its plan waits its turn
+        request = kc.session.msg("gpuctx_cells_request", {"cells": ["import torch"]})
+        kc.control_channel.send(request)
+        answer = reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")["content"]
+        assert answer["status"] == "ok" and answer["planned"] > 0, answer
+        release.write_text("go")
+        assert reply_to(kc, cell, timeout=30)["content"]["status"] == "ok"
+        out = plan_of(kc)
+        assert out["status"]["source"] == "typed cells" and out["status"]["state"] != "off", out["status"]
         assert any(s["name"] == "import torch" and s["state"] == "done" for s in out["plan"]["steps"]), out["plan"]
     finally:
         release.write_text("go")

@@ -219,6 +219,25 @@ def test_the_kernel_reads_its_notebook_only_once_it_has_answered(tmp_path, site,
         stop(km, kc)
 
 
+def test_a_kernel_warmed_by_its_own_config_takes_the_servers_settings_when_they_come(tmp_path):
+    """Behind a gateway a kernel may load gpuctx from its own config (policy auto) where it cannot
+    read the notebook: it decides so at once, and the server's request that follows (its settings
+    in the environment, extension.warm_from_env) is carried out."""
+    (tmp_path / "work").mkdir()
+    km, kc = start(env={"JPY_SESSION_NAME": str(tmp_path / "work" / "remote.ipynb"), "GPUCTX_WARM": "auto"},
+                   extra_arguments=["--ext=gpuctx"], cwd=str(tmp_path / "work"))
+    try:
+        own = warmup_now(kc)
+        assert own["state"] == "off" and "cannot read the notebook" in own["detail"], own
+        r = run(kc, "import os\nos.environ.update(GPUCTX_WARM='always', GPUCTX_WARM_SOURCE='server hook')\n"
+                    "from gpuctx_jupyter.kernel.extension import warm_from_env\nwarm_from_env(get_ipython())")
+        assert r.reply["status"] == "ok", r.stderr
+        st = plan_of(kc)["status"]
+        assert st["source"] == "server hook" and st["state"] in ("done", "skipped"), st
+    finally:
+        stop(km, kc)
+
+
 COMPILE_CELL = ("import torch\nfrom torch._dynamo.utils import counters\nbefore = dict(counters['inductor'])\n"
                 "model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 10))\n"
                 "compiled = torch.compile(model)\ncompiled(torch.randn(32, 64)).sum().backward()\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 # -- the environment variables of the warm settings ---------------------------------------------
 WARM = "GPUCTX_WARM"  # policy: auto | always | never; 0/false/off is an explicit opt-out
 WARM_SOURCE = "GPUCTX_WARM_SOURCE"  # who planned it, shown by %gpu status
+SERVER_HOOK = "server hook"  # WARM_SOURCE of the kernels gpuctx's server starts
 WARM_FRAMEWORKS = "GPUCTX_WARM_FRAMEWORKS"  # comma-separated
 WARM_OPS = "GPUCTX_WARM_OPS"  # comma-separated
 WARM_IMPORTS = "GPUCTX_WARM_IMPORTS"  # comma-separated

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .. import contract
-from ..contract import SESSION, WarmSettings, opted_out
+from ..contract import SERVER_HOOK, SESSION, WarmSettings, opted_out
 from ..contract.holders import HOLDERS
 from ..core import inventory
 from ..core.devices import most_free
@@ -33,7 +33,7 @@ from .config import GpuctxServer
 from .notebooks import Notebooks
 from .tasks import Background
 
-SOURCE = "server hook"
+SOURCE = SERVER_HOOK
 # Asked of a kernelspec's Python: exit status 0 when the module is importable, 1 when not.
 HAS_GPUCTX = "import importlib.util,sys; sys.exit(importlib.util.find_spec('gpuctx') is None)"
 HAS_GPU_FRAMEWORK = ("import importlib.util,sys; "

@@ -266,10 +266,14 @@ class Warmer:
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread (and its helpers)
             except (OSError, AttributeError):
                 pass
+        reading = Step("plan", "reading the plan")
         try:
-            self._turn(Step("plan", "reading the notebook"), heavy=False)  # (Python work: not beside a cell)
-            plan = self.plan = make_plan()
-            self._carry_out(plan, device)
+            self._turn(reading, heavy=False)  # (making a plan is Python work: not beside a cell)
+            try:
+                plan = self.plan = make_plan()
+                self._carry_out(plan, device)
+            except plans.NotWanted as exc:  # a notebook the policy does not warm: off, unless cells typed meanwhile
+                st.state, st.detail = "off", str(exc)
             while True:  # plans asked for meanwhile (typed cells): the latest, until none is left
                 with self._lock:
                     follow, self._next = self._next, None
@@ -278,10 +282,9 @@ class Warmer:
                         break
                 make_next, st.source = follow
                 st.state, st.detail = "running", ""  # %gpu status: under way again, not the last plan's "done"
+                self._turn(reading, heavy=False)
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
-        except plans.NotWanted as exc:  # (a notebook the policy does not warm: off, as if never started)
-            st.state, st.detail = "off", str(exc)
         except _SteppedAside:
             for s in self.plan.steps:
                 if s.state in ("planned", "running"):
@@ -384,6 +387,7 @@ class Warmer:
                 else:
                     self.status.phase = f"starting {step.name} once your cells finish"
                     self._cond.wait(1.0)
+            self.status.phase = step.name
             return self._cells_started
 
     # -- what a recipe may ask (recipes.Run) ------------------------------------------------------
@@ -422,7 +426,6 @@ class Warmer:
         if step.kind == "gpu" and self._user_gpu:
             step.state, step.detail = "skipped", "your own GPU cell started first"
             return False
-        self.status.phase = step.name
         step.state, step.started = "running", time.monotonic()
         self._under_way.set()
         drawn = None if step.module else rng.save(step.kind == "gpu")  # given back after it (kernel/rng.py)

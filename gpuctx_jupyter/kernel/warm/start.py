@@ -7,7 +7,8 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, SESSION, STANDBY_RECIPE, WARM_SOURCE, WORKER_IMPORTS, opted_out
+from ...contract import (DEFAULT_OPS, INDUCTOR_MODULE, SERVER_HOOK, SESSION, STANDBY_RECIPE, WARM_SOURCE, WORKER_IMPORTS,
+                         opted_out)
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
 from ..switching import Choice
@@ -69,23 +70,29 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
             state.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
         except SpecError as exc:
             log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
-    if cfg.recipe == STANDBY_RECIPE and os.environ.get(WORKER_IMPORTS) == "1":
-        from .. import worker_zygote
+    if cfg.recipe == STANDBY_RECIPE:
+        # what its hand-over runs, imported while it waits rather than while an open waits for it
+        from .. import adoption, worker_zygote  # noqa: F401
 
-        # not torch.compile's import: it starts the CUDA driver, after which the process may not fork
-        why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE))
-        if why_not:
-            log.info("gpuctx: no workers' imports in this standby: %s", why_not)
+        if os.environ.get(WORKER_IMPORTS) == "1":
+            # not torch.compile's import: it starts the CUDA driver, after which the process may not fork
+            why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE))
+            if why_not:
+                log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)
     warmer = state.warmer
-    off = _off(cfg)
-    if off:
-        warmer.status.detail = off
-        return
     source = os.environ.get(WARM_SOURCE, "kernel config")
+    # Whether the notebook uses a GPU framework: read by the warm-up thread, after readiness, in the
+    # kernels the server starts; a kernel warmed by its own config decides now, so that a server's
+    # later settings (a gateway's kernels: extension.warm_from_env) replace a decision not to warm.
+    later = cfg.policy == "auto" and source == SERVER_HOOK and not _off(cfg)
+    warm, why = (True, "") if later else wanted(cfg, path)
+    if not warm:
+        warmer.status.detail = why
+        return
     warmer.import_budget = cfg.import_budget
     make_plan = planner(cfg, path)
-    if cfg.policy == "auto":  # whether it uses a GPU framework: read by the warm-up thread, after readiness
+    if later:
         make_plan = _if_wanted(cfg, path, make_plan)
     unhook = on_kernel_info(shell, warmer) if defer else None
     if unhook is not None:
@@ -108,16 +115,20 @@ def _if_wanted(cfg: GpuWarmup, path: str | None, make_plan):
 def after_adoption(state, shell, previous: str | None) -> bool:
     """The warm pool handed this standby to a notebook other than the one it was warmed for: warm
     what that notebook runs, in the background, once the standby's own warm-up is over (imports
-    done already are instant; what the plan adds, e.g. training, runs now). True when started.
+    done already are instant; what the plan adds, e.g. training, runs now). True when started
+    (under policy auto the thread then reads whether the notebook uses a GPU framework).
     The workers' imports stay only for a notebook that starts workers."""
     from .. import worker_zygote
 
     path = os.environ.get(SESSION)
     worker_zygote.after_adoption(path)
     cfg = GpuWarmup(parent=shell)
-    if not path or path == previous or cfg.recipe != "notebook" or not wanted(cfg, path)[0]:
+    if not path or path == previous or cfg.recipe != "notebook" or _off(cfg):
         return False
-    state.warmer.start_after(planner(cfg, path), source="the warm pool, for this notebook")
+    make_plan = planner(cfg, path)
+    if cfg.policy == "auto":  # (read by the warm-up thread: the hand-over's reply, which the open waits for, does not)
+        make_plan = _if_wanted(cfg, path, make_plan)
+    state.warmer.start_after(make_plan, source="the warm pool, for this notebook")
     return True
 
 
