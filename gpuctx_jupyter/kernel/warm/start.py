@@ -22,9 +22,9 @@ log = logging.getLogger("gpuctx")
 _UNHOOK = "_gpuctx_unhook_kernel_info"
 
 
-def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None):
+def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None, typed: bool = False):
     """What the warm-up thread calls to make its plan (reading the notebook happens there, unless
-    the notebook's `facts` are given: cells as typed, warm/typed.py)."""
+    the notebook's `facts` are given: read already, or cells as typed with `typed`, warm/typed.py)."""
     frameworks, ops, imports = tuple(cfg.frameworks), tuple(cfg.ops), tuple(cfg.imports)
     if cfg.recipe == STANDBY_RECIPE:
         return lambda: plans.imports_only(imports, tuple(cfg.import_deny))
@@ -33,8 +33,7 @@ def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None)
     deny, most = tuple(cfg.import_deny), cfg.max_imports
     extra_ops = tuple(op for op in ops if op not in DEFAULT_OPS)
     return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops,
-                                extra_imports=imports, deny=deny, max_imports=most, facts=facts,
-                                typed=facts is not None)
+                                extra_imports=imports, deny=deny, max_imports=most, facts=facts, typed=typed)
 
 
 def _off(cfg: GpuWarmup) -> str:
@@ -44,16 +43,18 @@ def _off(cfg: GpuWarmup) -> str:
     return "policy never" if cfg.policy == "never" else ""
 
 
-def wanted(cfg: GpuWarmup, path: str | None) -> tuple[bool, str]:
-    """Whether the policy warms this kernel's notebook (and why not). `auto` warms a notebook that
-    uses a GPU framework, and a new one's imports (the recipe then imports only: no CUDA)."""
+def wanted(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None) -> tuple[bool, str]:
+    """Whether the policy warms this kernel's notebook (and why not); `facts`: the notebook, read
+    already. `auto` warms a notebook that uses a GPU framework, and a new one's imports (the recipe
+    then imports only: no CUDA)."""
     off = _off(cfg)
     if off:
         return False, off
     if cfg.policy == "auto":
-        from ...contract import notebook as nbread
+        if facts is None:
+            from ...contract import notebook as nbread
 
-        facts = nbread.read(path)
+            facts = nbread.read(path)
         gpu, why = facts.wants_gpu()
         if not gpu and not (cfg.recipe == "notebook" and facts.readable and facts.new):
             return False, f"policy auto: {why}"
@@ -91,9 +92,7 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
         warmer.status.detail = why
         return
     warmer.import_budget = cfg.import_budget
-    make_plan = planner(cfg, path)
-    if later:
-        make_plan = _if_wanted(cfg, path, make_plan)
+    make_plan = _if_wanted(cfg, path) if later else planner(cfg, path)
     unhook = on_kernel_info(shell, warmer) if defer else None
     if unhook is not None:
         warmer.schedule(make_plan, source=source, within=cfg.start_within, on_start=unhook)
@@ -101,14 +100,18 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
         warmer.start_plan(make_plan, source=source)
 
 
-def _if_wanted(cfg: GpuWarmup, path: str | None, make_plan):
-    """`make_plan`, once the notebook is read and found to be one the policy warms (a notebook of
-    megabytes of outputs takes tens of ms to read: not before the kernel answers)."""
+def _if_wanted(cfg: GpuWarmup, path: str | None):
+    """The plan maker that first reads the notebook (once, in the warm-up thread: a notebook of
+    megabytes of outputs takes tens of ms to read, not before the kernel answers) and plans from it
+    where the policy warms it (else plans.NotWanted)."""
     def make():
-        warm, why = wanted(cfg, path)
+        from ...contract import notebook as nbread
+
+        facts = nbread.read(path)
+        warm, why = wanted(cfg, path, facts)
         if not warm:
             raise plans.NotWanted(why)
-        return make_plan()
+        return planner(cfg, path, facts)()
     return make
 
 
@@ -125,9 +128,8 @@ def after_adoption(state, shell, previous: str | None) -> bool:
     cfg = GpuWarmup(parent=shell)
     if not path or path == previous or cfg.recipe != "notebook" or _off(cfg):
         return False
-    make_plan = planner(cfg, path)
-    if cfg.policy == "auto":  # (read by the warm-up thread: the hand-over's reply, which the open waits for, does not)
-        make_plan = _if_wanted(cfg, path, make_plan)
+    # (under auto the notebook is read by the warm-up thread: not by the hand-over, which an open waits for)
+    make_plan = _if_wanted(cfg, path) if cfg.policy == "auto" else planner(cfg, path)
     state.warmer.start_after(make_plan, source="the warm pool, for this notebook")
     return True
 

@@ -81,7 +81,7 @@ def typed_plan(cfg: GpuWarmup, path: str, facts: nbread.Facts, choice=None) -> P
     has not run and may never run as it stands. Where they name one and the user has chosen none
     yet (`choice`: the kernel's current device and who chose it), no GPU work is done until that
     cell has run; where the user has chosen, the chosen device is warmed."""
-    plan = planner(cfg, path or None, facts=facts)()
+    plan = planner(cfg, path or None, facts=facts, typed=True)()
     if facts.readable and not facts.new:
         plan.reading = f"{facts.code_cells} code cells as typed (unsaved edits included)"
     if plan.devices:
