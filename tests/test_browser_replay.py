@@ -80,7 +80,8 @@ def test_the_notebook_section_says_its_kernel_came_from_the_warm_pool(page, brow
 
 def test_the_panel_shows_the_warm_reserve_and_what_it_holds(page, browser):
     """The notebook's kernel came from the pool, which then started the next standby: the panel
-    says the reserve is ready and names the standby (kernelspec, GPU, state)."""
+    says the reserve is ready and names the standby (kernelspec, kind, GPU, RSS, state) and the
+    host memory the standbys hold of their budget."""
     panel = open_panel(page)
     page.wait_for_function("() => { const r = document.querySelector('#gpuctx-panel .jp-gpuctx-reserve');"
                            " return r && !r.hidden && r.textContent.includes('Warm reserve: 1 kernel ready'); }",
@@ -88,7 +89,10 @@ def test_the_panel_shows_the_warm_reserve_and_what_it_holds(page, browser):
     reserve = panel.locator(".jp-gpuctx-reserve")
     assert reserve.get_attribute("aria-labelledby")
     lines = reserve.locator(".jp-gpuctx-reserve-line").all_inner_texts()
-    assert lines == ["python3 · GPU 0 · ready"], lines
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"python3 · GPU-ready · GPU 0 · RSS [\d.]+ [MG]iB · ready", lines[0]), lines
+    assert re.fullmatch(r"Standbys' host memory: [\d.]+ ([MG]iB )?/ [\d.]+ [MG]iB budget \((machine|container)\)",
+                        lines[1]), lines
     assert browser.errors == []
 
 

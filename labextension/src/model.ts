@@ -556,19 +556,52 @@ export function panelView(snapshot: ISnapshot, warnAt = warnFraction(90)): IPane
   };
 }
 
-/** "python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready": what an older server omits is left out. */
+/** A standby's `kind` in the panel's words: what it has done ahead of time. */
+const STANDBY_KINDS: Record<string, string> = { imports: 'imports', gpu: 'GPU-ready' };
+
+/** A standby's `state` in the panel's words: "booting" is "starting", as in the headline. */
+const STANDBY_STATES: Record<string, string> = { booting: 'starting' };
+
+/**
+ * "python3 · GPU-ready · GPU 0 · 630 MiB · warmed for train.ipynb · RSS 1.76 GiB · ready", or
+ * "python3 · imports · RSS 584 MiB · paused": what an older server omits is left out.
+ */
 function standbyLine(s: IPoolStandby): string {
   const ordinal = num(s.ordinal);
   const memory = num(s.memory);
+  const rss = num(s.rss);
+  const state = s.state ? (STANDBY_STATES[s.state] ?? s.state) : s.ready ? 'ready' : 'starting';
   return [
     s.kernel_name || 'kernel',
+    s.kind ? (STANDBY_KINDS[s.kind] ?? s.kind) : null,
     ordinal !== null ? `GPU ${ordinal}` : null,
     memory !== null ? formatBytes(memory) : null,
     s.notebook ? `warmed for ${basename(s.notebook)}` : null,
-    s.ready ? 'ready' : 'booting'
+    rss !== null ? `RSS ${formatBytes(rss)}` : null,
+    state
   ]
     .filter(Boolean)
     .join(' · ');
+}
+
+/**
+ * "Standbys' host memory: 2.33 / 4.80 GiB budget (machine)": what they hold together of the share of
+ * host memory they may hold, and what bounds it — the machine, or the container's memory limit
+ * ("container"). Without a reading of what is available (no /proc), only what they hold; null
+ * from an older server.
+ */
+function hostMemoryLine(pool: IPoolStatus): string | null {
+  const m = pool.host_memory;
+  const used = num(m?.standbys);
+  if (!m || used === null) {
+    return null;
+  }
+  const budget = num(m.budget);
+  if (budget === null || num(m.available) === null) {
+    return `Standbys' host memory: ${formatBytes(used)}`;
+  }
+  const basis = m.limit === 'cgroup' ? 'container' : 'machine';
+  return `Standbys' host memory: ${formatMemoryShort(used, budget)} budget (${basis})`;
 }
 
 /**
@@ -612,6 +645,10 @@ export function reserveView(pool: IPoolStatus | null | undefined): IReserveView 
       const which = names.length === 1 ? 'this notebook' : 'these notebooks';
       lines.push(`Restart of ${which} is GPU-ready: ${names.join(', ')}`);
     }
+  }
+  const hostMemory = standbys.length ? hostMemoryLine(pool) : null;
+  if (hostMemory) {
+    lines.push(hostMemory);
   }
   return { headline, lines, tone: failing.length ? 'warn' : 'normal' };
 }

@@ -223,9 +223,18 @@ export interface IPoolKernelspec {
 /** A standby of the warm pool: a kernel started (and warmed) before any notebook asked for it. */
 export interface IPoolStandby {
   kernel_name?: string;
+  /**
+   * "imports": started with the server, its imports done, no CUDA context; "gpu": the GPU-warm
+   * reserve, CUDA started and warmed with a notebook's plan.
+   */
+  kind?: 'imports' | 'gpu' | string;
   pid?: number;
   /** Started and warmed: a notebook can take it now. */
   ready?: boolean;
+  /** "booting", "paused" (while a cell runs), "ready" or "stopping". */
+  state?: string;
+  /** Its resident host memory, bytes (with its helper processes'), or null when unread. */
+  rss?: number | null;
   /** Seconds since it was started. */
   age?: number | null;
   /** The CUDA ordinal it warmed on, or null (no GPU, or unknown). */
@@ -236,9 +245,21 @@ export interface IPoolStandby {
   memory?: number | null;
 }
 
+/** The host memory the standbys hold together, and the budget they share (bytes). */
+export interface IPoolHostMemory {
+  standbys?: number;
+  /** `standby_memory_fraction` of what is available plus what the standbys hold. */
+  budget?: number;
+  /** What is available to the server; null when /proc cannot say. */
+  available?: number | null;
+  /** What bounds what is available: "machine" (MemAvailable) or "cgroup" (the container's limit). */
+  limit?: 'machine' | 'cgroup' | string | null;
+}
+
 /**
  * The server's warm kernel pool ("warm reserve"), or `{error}` when reading it failed. Older
- * servers send no `mode`, `reason`, nor the standbys' `ordinal`, `notebook` and `memory`.
+ * servers send no `mode`, `reason`, nor the standbys' `ordinal`, `notebook` and `memory`, nor
+ * their `kind`, `state`, `rss` and the `host_memory` budget.
  */
 export interface IPoolStatus {
   /** "auto": the automatic reserve; "fixed": `pool_size` set explicitly. */
@@ -251,6 +272,7 @@ export interface IPoolStatus {
   refused?: string[];
   /** Automatic reserve without any standby: why, in a sentence. */
   reason?: string | null;
+  host_memory?: IPoolHostMemory | null;
   /** Set instead of the rest when the server could not read the pool's status. */
   error?: string;
 }

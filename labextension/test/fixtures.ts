@@ -169,7 +169,11 @@ export function holdersSnapshot(time = at(14, 0)): ISnapshot {
   };
 }
 
-/** The automatic warm reserve holding one ready python3 standby, warmed on GPU 0 for train.ipynb. */
+/**
+ * The automatic warm reserve holding one ready GPU-ready python3 standby, warmed on GPU 0 for
+ * train.ipynb (630 MiB there, 1.76 GiB resident on the host), within a 4.80 GiB budget of the
+ * machine's host memory.
+ */
 export function readyPool(): IPoolStatus {
   return {
     mode: 'auto',
@@ -178,10 +182,22 @@ export function readyPool(): IPoolStatus {
       python3: { ready: 1, starting: 0, failures: 0, error: null, reason: null, wanted_for: ['work/train.ipynb'] }
     },
     standbys: [
-      { kernel_name: 'python3', pid: 81300, ready: true, age: 42.5, ordinal: 0, notebook: 'work/train.ipynb', memory: 630 * 1024 ** 2 }
+      {
+        kernel_name: 'python3',
+        kind: 'gpu',
+        pid: 81300,
+        ready: true,
+        state: 'ready',
+        age: 42.5,
+        ordinal: 0,
+        notebook: 'work/train.ipynb',
+        memory: 630 * 1024 ** 2,
+        rss: 1893412864
+      }
     ],
     refused: [],
-    reason: null
+    reason: null,
+    host_memory: { standbys: 1893412864, budget: 5153960755, available: 23264477184, limit: 'machine' }
   };
 }
 

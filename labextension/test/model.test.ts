@@ -18,7 +18,7 @@ import {
   suspendedText,
   warmupSummary
 } from '../src/model';
-import { formatClock } from '../src/format';
+import { formatClock, MIB } from '../src/format';
 import { IKernelView, ISnapshot } from '../src/types';
 import { EMPTY_POOL, GIB, NO_GPU, readyPool, twoGpus } from './fixtures';
 
@@ -328,20 +328,47 @@ describe('reserveView', () => {
     expect(panelView(twoGpus()).reserve).toBeNull();
   });
 
-  it('lists a ready standby: kernelspec, GPU, memory, the notebook it warmed for, ready', () => {
+  it('lists a ready standby: kernelspec, kind, GPU, memory, the notebook it warmed for, RSS, ready', () => {
     expect(reserveView(readyPool())).toEqual({
       headline: 'Warm reserve: 1 kernel ready',
       lines: [
-        'python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready',
-        'Restart of this notebook is GPU-ready: train.ipynb'
+        'python3 · GPU-ready · GPU 0 · 630 MiB · warmed for train.ipynb · RSS 1.76 GiB · ready',
+        'Restart of this notebook is GPU-ready: train.ipynb',
+        "Standbys' host memory: 1.76 / 4.80 GiB budget (machine)"
       ],
       tone: 'normal'
     });
     expect(panelView({ ...twoGpus(), pool: readyPool() }).reserve?.headline).toBe('Warm reserve: 1 kernel ready');
   });
 
+  it("names each standby's kind and state with its RSS, and the budget a container's limit bounds", () => {
+    const pool = readyPool();
+    pool.standbys = [
+      { kernel_name: 'python3', kind: 'imports', pid: 1, ready: false, state: 'paused', age: 3, ordinal: null, notebook: null, memory: null, rss: 300 * MIB },
+      { kernel_name: 'python3', kind: 'imports', pid: 2, ready: false, state: 'booting', age: 1, ordinal: null, notebook: null, memory: null, rss: null },
+      { kernel_name: 'python3', kind: 'imports', pid: 3, ready: true, state: 'ready', age: 9, ordinal: null, notebook: null, memory: null, rss: 1.3 * GIB },
+      { kernel_name: 'python3', kind: 'gpu', pid: 4, ready: false, state: 'stopping', age: 60, ordinal: 1, notebook: null, memory: 630 * MIB, rss: 2 * GIB }
+    ];
+    pool.host_memory = { standbys: 3.59 * GIB, budget: 6.4 * GIB, available: 28.4 * GIB, limit: 'cgroup' };
+    const view = reserveView(pool)!;
+    expect(view.lines).toEqual([
+      'python3 · imports · RSS 300 MiB · paused',
+      'python3 · imports · starting',
+      'python3 · imports · RSS 1.30 GiB · ready',
+      'python3 · GPU-ready · GPU 1 · 630 MiB · RSS 2.00 GiB · stopping',
+      'Restart of this notebook is GPU-ready: train.ipynb',
+      "Standbys' host memory: 3.59 / 6.40 GiB budget (container)"
+    ]);
+    // without a reading of the memory available (no /proc), what they hold and no budget
+    pool.host_memory = { standbys: 1.3 * GIB, budget: 0, available: null, limit: null };
+    expect(reserveView(pool)!.lines.slice(-1)[0]).toBe("Standbys' host memory: 1.30 GiB");
+    // no standby, no budget line: the reason is the line a person needs
+    expect(reserveView({ ...EMPTY_POOL, host_memory: pool.host_memory })!.lines).toEqual([EMPTY_POOL.reason]);
+  });
+
   it('says "starting" while its standbys boot, and calls restart GPU-ready only once one is ready', () => {
     const pool = readyPool();
+    pool.host_memory = null; // standbys as a server before kind, state and RSS lists them
     pool.standbys = [
       { kernel_name: 'python3', pid: 1, ready: false, age: 2, ordinal: null, notebook: null, memory: null },
       { kernel_name: 'python3', pid: 2, ready: false, age: 1, ordinal: 1, notebook: 'b/eval.ipynb', memory: null }
@@ -351,8 +378,8 @@ describe('reserveView', () => {
     const view = reserveView(pool)!;
     expect(view.headline).toBe('Warm reserve: starting');
     expect(view.lines).toEqual([
-      'python3 · booting',
-      'python3 · GPU 1 · warmed for eval.ipynb · booting'
+      'python3 · starting',
+      'python3 · GPU 1 · warmed for eval.ipynb · starting'
     ]);
     pool.standbys[1].ready = true; // ready: the notebooks that keep it are named, once each
     expect(reserveView(pool)!.lines.slice(-1)[0]).toBe('Restart of these notebooks is GPU-ready: train.ipynb, eval.ipynb');

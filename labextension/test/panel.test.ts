@@ -266,8 +266,9 @@ describe('GpuPanel', () => {
     expect(heading.textContent).toBe('Warm reserve: 1 kernel ready');
     const lines = () => Array.from(section.querySelectorAll('li')).map(li => li.textContent);
     expect(lines()).toEqual([
-      'python3 · GPU 0 · 630 MiB · warmed for train.ipynb · ready',
-      'Restart of this notebook is GPU-ready: train.ipynb'
+      'python3 · GPU-ready · GPU 0 · 630 MiB · warmed for train.ipynb · RSS 1.76 GiB · ready',
+      'Restart of this notebook is GPU-ready: train.ipynb',
+      "Standbys' host memory: 1.76 / 4.80 GiB budget (machine)"
     ]);
     const cards = panel.node.querySelectorAll('.jp-gpuctx-card');
     expect(cards[cards.length - 1].compareDocumentPosition(section) & Node.DOCUMENT_POSITION_FOLLOWING).toBeTruthy();
