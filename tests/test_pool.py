@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import psutil
 
@@ -132,3 +133,131 @@ def test_notebooks_that_must_not_start_cuda_get_a_fresh_kernel(pool_server, tmp_
         ks.close()
     assert standby <= kernel_pids(srv)  # the standby still waits for a GPU notebook
 
+
+
+# -- the pool's decisions, without a server ------------------------------------------------------------
+GIB = 2**30
+
+
+class Spawns:
+    """The pool's background: what it would start (the coroutines are closed, nothing runs)."""
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def spawn(self, coro, name):
+        if hasattr(coro, "close"):
+            coro.close()
+        self.names.append(name)
+
+
+def pool_alone(monkeypatch, gpu_free: float = 0.5, host_available: int = 8 * GIB):
+    """A Pool in auto mode with an imports profile, a real Reserve and a GPU that has `gpu_free` of
+    its memory free, on a host with `host_available` bytes available, and no server."""
+    import logging
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.core import host_memory
+    from gpuctx_jupyter.server.config import GpuctxServer
+    from gpuctx_jupyter.server.import_profile import ImportProfile
+    from gpuctx_jupyter.server.pool import Pool
+    from gpuctx_jupyter.server.reserve import Reserve
+
+    monkeypatch.setattr(host_memory, "available",
+                        lambda *a, **k: host_memory.HostMemory(host_available, 2 * host_available, "machine"))
+    cfg = GpuctxServer(pool_size=None, import_standbys=True, warm_policy="auto")
+    mkm = SimpleNamespace(default_kernel_name="python3", list_kernel_ids=lambda: [])
+    launcher = SimpleNamespace(launched={})
+    total = 140 * GIB
+    gpu = SimpleNamespace(ordinal=0, record=SimpleNamespace(memory_total=total, memory_free=int(gpu_free * total)))
+    holders = SimpleNamespace(inventory=SimpleNamespace(devices=[gpu]), latest=(None, {}))
+    log = logging.getLogger("test.pool")
+    profile = ImportProfile(None, log, torch_installed=True)
+    return Pool(mkm, cfg, launcher, Reserve(mkm, cfg, launcher, holders), log, Spawns(), profile)
+
+
+def booting_standby(pool, rss: int, profile: tuple[str, ...] = ()) -> Standby:
+    """A starting imports standby (no process of its own: this one's PID, a kernel manager that
+    only pretends) that holds `rss` bytes."""
+    from types import SimpleNamespace
+
+    process = SimpleNamespace(pid=os.getpid(), poll=lambda: None)
+    km = SimpleNamespace(provisioner=SimpleNamespace(process=process), shutdown_kernel=lambda now=False: None,
+                         cleanup_connection_file=lambda: None)
+    s = Standby(km, "python3", {}, time.monotonic(), kind="imports", profile=profile or tuple(pool.profile.modules()))
+    s._rss = (float("inf"), "booting", rss)  # read once, as if just now
+    pool.standbys.append(s)
+    pool._all.append(s)
+    return s
+
+
+def test_an_imports_standby_starts_on_a_full_gpu_it_holds_no_memory_of(monkeypatch):
+    """A GPU below pool_min_free_fraction keeps the GPU reserve out, not the imports standby: only
+    the host's memory does (review of issue 24)."""
+    import asyncio
+
+    pool = pool_alone(monkeypatch, gpu_free=0.05)
+    asyncio.run(pool._tick())
+    assert pool._starting == {("python3", "imports"): 1}, pool.status()["kernelspecs"]
+    assert pool._short.startswith("cuda:0 would have less than 10% free")
+
+
+def test_a_standby_that_outgrows_its_memory_share_while_starting_is_not_started_again_every_tick(monkeypatch):
+    """Stopped for holding more than standby_memory_fraction while it started, it counts as a
+    failure (backoff) at the size it reached: the pool neither starts it again at the next tick
+    nor, with nothing measured to leave out, once the backoff is over (review of issue 24)."""
+    import asyncio
+
+    pool = pool_alone(monkeypatch)  # budget: 20% of 8 GiB available + what standbys hold
+    booting_standby(pool, 3 * GIB)
+
+    async def ticks(n):
+        for _ in range(n):
+            await pool._tick()
+
+    asyncio.run(ticks(3))
+    assert pool.standbys == [] and not pool._starting.get(("python3", "imports")), pool.background.names
+    spec = pool.status()["kernelspecs"]["python3"]
+    assert spec["failures"] == 1 and "reached 3.00 GiB, more than the standbys' share" in spec["error"]
+    pool.health["python3"].retry_at = 0.0  # the backoff is over
+    asyncio.run(ticks(1))
+    assert not pool._starting.get(("python3", "imports")) and pool.background.names == []
+
+
+def test_a_standby_that_outgrows_its_memory_share_leaves_its_heaviest_imports_out_next_time(monkeypatch, caplog):
+    """What each import added is measured as the standby imports; one that outgrew the budget gets
+    a successor without its heaviest learnt modules (for its kernelspec only, logged once)."""
+    import asyncio
+    import logging
+
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+
+    pool = pool_alone(monkeypatch)
+    pool.profile.learn(Facts(path="nb.ipynb", events=[Event("import", Where(1, 1), module=m)
+                                                      for m in ("big_mod", "small_mod")]))
+    pool.profile.entries["big_mod"].memory, pool.profile.entries["small_mod"].memory = 2 * GIB, 50 * 2**20
+    booting_standby(pool, 3 * GIB)
+    with caplog.at_level(logging.INFO, logger="test.pool"):
+        asyncio.run(pool._tick())
+        pool.health["python3"].retry_at = 0.0
+        asyncio.run(pool._tick())
+    assert pool._starting == {("python3", "imports"): 1}
+    assert "big_mod" not in pool.profile.modules("python3") and "small_mod" in pool.profile.modules("python3")
+    assert "big_mod" in pool.profile.modules("another")
+    assert caplog.text.count("big_mod is no longer imported ahead by python3 standbys: its import adds 2048 MiB") == 1
+
+
+def test_a_notebook_that_compiles_is_handed_the_standby_that_imported_inductor():
+    """Two standbys import torch; the one that has also done torch.compile's own import covers a
+    notebook that compiles better than one that merely imported the package it lives in."""
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+    from gpuctx_jupyter.contract.notebook import facts_from_sources
+    from gpuctx_jupyter.server import standby as sb
+
+    wanted = sb.needed(facts_from_sources(["import torch", "f = torch.compile(torch.nn.Linear(4, 4))"]))
+    plain = SimpleNamespace(imported=lambda: {"torch", "torch._dynamo", "torch.optim"})
+    compiled = SimpleNamespace(imported=lambda: {"torch", "torch._dynamo", "torch.optim", INDUCTOR_MODULE})
+    assert INDUCTOR_MODULE in wanted and sb.covered(compiled, wanted) > sb.covered(plain, wanted)
+    assert INDUCTOR_MODULE not in sb.needed(facts_from_sources(["import torch", "x = torch.ones(3)"]))

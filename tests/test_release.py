@@ -265,10 +265,12 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     clock.now = entry.last_activity + 3100
     short = inventory_with({pid: 60 * GIB}, used=137 * GIB)
     before = next(h for h in (await holders.tick(short))[0] if h.id == idle_kid)
+    await pressure.background.drain()  # the release runs beside the round, not in it
     assert evicted == [0]
     assert [(e["kernel_id"], e["status"]) for e in pressure.history] == [(idle_kid, "ok")]
     assert "less than 5% free" in pressure.history[0]["why"]
     entry = next(h for h in (await holders.tick(short))[0] if h.id == idle_kid)
+    await pressure.background.drain()
     # the same idle stretch: not released again. (The server may record one late start-up message
     # as activity, ipykernel 7's greeting of its iopub subscriber, which comes late on a loaded
     # machine: then a new stretch has begun, and with this clock an hour ahead it is long idle.)
@@ -282,6 +284,7 @@ async def test_holders_rounds_write_the_file_annotate_the_api_release_under_pres
     # 3. past the culling time: the kernel is shut down, once, and its holders entry goes
     clock.now = entry.last_activity + 3660
     await holders.tick(short)
+    await culler.background.drain()
     assert culled_ids == [idle_kid] and idle_kid not in mkm
     assert culler.culled[0]["freed"] == 60 * GIB and culler.culled[0]["label"] == "idle.ipynb"
     holders.remove()
@@ -360,13 +363,70 @@ async def test_automatic_release_idle_after_and_after_an_out_of_memory_error():
     held = {"k1": {0: 10 * GIB}, "k2": {0: 2 * GIB}}
     roomy = inventory_with({1: 10 * GIB, 2: 2 * GIB})
     timed = PressureRelease(0.05, 300, 3600, release_kernel, clock=clock)
-    done = await timed(roomy, [idle, small], held)
-    assert asked == ["k1"] and "release_idle_after=3600" in done[0]["why"]  # k2 caches nothing: not asked
+    assert await timed(roomy, [idle, small], held) == ["k1"]  # k2 caches nothing: not asked
+    await timed.background.drain()
+    assert asked == ["k1"] and "release_idle_after=3600" in timed.history[0]["why"]
     assert await timed(roomy, [idle, small], held) == []  # once per idle stretch
     oom = {0: False}
     pressured = PressureRelease(0.05, 300, 0, release_kernel, clock=clock, recent_oom=lambda o: oom[o])
     asked.clear()
     assert await pressured(roomy, [idle], held) == []
     oom[0] = True
-    done = await pressured(roomy, [idle], held)
-    assert asked == ["k1"] and done[0]["why"] == "a notebook ran out of memory on cuda:0"
+    assert await pressured(roomy, [idle], held) == ["k1"]
+    await pressured.background.drain()
+    assert asked == ["k1"] and pressured.history[0]["why"] == "a notebook ran out of memory on cuda:0"
+
+
+class Log:
+    """The lines a consumer logs, as text."""
+
+    def __init__(self):
+        self.lines: list[tuple[str, str]] = []
+
+    def info(self, fmt, *args):
+        self.lines.append(("info", fmt % args))
+
+    def warning(self, fmt, *args):
+        self.lines.append(("warning", fmt % args))
+
+
+async def test_a_release_that_fails_is_an_answer_and_the_others_are_released_all_the_same():
+    """A kernel shut down between the holders round and its release (the kernel manager's KeyError)
+    is one "error" entry and one log line; the round's other kernels are released."""
+    clock, asked, log = Clock(), [], Log()
+
+    async def release_kernel(kid):
+        asked.append(kid)
+        if kid == "gone":
+            raise KeyError(kid)
+        return {"status": "ok", "released_total": GIB}
+
+    holders = [Holder(kid, paths=(f"{kid}.ipynb",), pids=frozenset({pid}), execution_state="idle",
+                      last_activity=clock.now - 4000) for kid, pid in (("gone", 1), ("k2", 2))]
+    short = inventory_with({1: 10 * GIB, 2: 10 * GIB}, used=137 * GIB)
+    pressure = PressureRelease(0.05, 300, 0, release_kernel, clock=clock, log=log)
+    assert await pressure(short, holders, {"gone": {0: 10 * GIB}, "k2": {0: 10 * GIB}}) == ["gone", "k2"]
+    await pressure.background.drain()
+    assert sorted(asked) == ["gone", "k2"]
+    assert sorted((e["kernel_id"], e["status"], e["reason"]) for e in pressure.history) == [
+        ("gone", "error", "KeyError: 'gone'"), ("k2", "ok", None)]
+    assert [text for level, text in log.lines if level == "warning"] == [
+        "gpuctx: could not release the cache of gone.ipynb (kernel gone): KeyError: 'gone'"]
+
+
+async def test_a_culling_action_in_flight_is_not_started_twice_and_the_round_goes_on():
+    """Culling's shutdown (or suspend) runs beside the round: a round returns while it is in
+    flight, and a later round starts no second one for the same kernel."""
+    clock, calls, go = Clock(), [], asyncio.Event()
+
+    async def shutdown(kid):
+        calls.append(kid)
+        await go.wait()
+
+    h = Holder("k1", paths=("x.ipynb",), pids=frozenset({1}), execution_state="idle", last_activity=clock.now - 4000)
+    culler = GpuCuller(after=60, shutdown=shutdown, clock=clock)
+    assert await asyncio.wait_for(culler(Inventory(), [h], {"k1": {0: GIB}}), 5) == ["k1"]
+    assert await asyncio.wait_for(culler(Inventory(), [h], {"k1": {0: GIB}}), 5) == []
+    go.set()
+    await culler.background.drain()
+    assert calls == ["k1"] and [c["kernel_id"] for c in culler.culled] == ["k1"]

@@ -454,7 +454,7 @@ async def test_a_gpu_short_of_memory_evicts_its_standbys_and_pauses_the_refill(j
     assert pool.standbys == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     await pool._tick()  # what the pool's maintenance does each second: it must not refill
-    assert not pool._starting.get("python3")
+    assert pool._starting.get(("python3", "gpu"), 0) == 0 and pool.standbys == []
     snap = await get_json(jp_fetch, "gpuctx", "api", "devices")
     spec = snap["pool"]["kernelspecs"]["python3"]
     assert spec["ready"] == 0 and spec["starting"] == 0 and "short of memory" in spec["reason"]

@@ -8,24 +8,30 @@ Asserted as a user meets it: the routes' answers (what moved, how long, the refu
 4xx), where a suspended notebook shows (the API's snapshot, /metrics, the holders file the
 out-of-memory explanation reads), the next cell resuming it, two actions at once, a resume racing a
 restart, a failure that leaves the kernel running, culling and the pressure release suspending
-instead, and a machine without the API answering 409 with the driver's reason."""
+instead, and a machine without the API answering 409 with the driver's reason. A driver call or a
+kernel that hangs (the stand-in's hang files) must not hold up a restart, a shutdown, a resume of
+a kernel that cannot answer, or the holders round."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 from dataclasses import replace
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from tornado.httpclient import HTTPClientError
 
 from gpuctx_jupyter.core.devices import GpuProcess, Visibility, VisibleDevice
 from gpuctx_jupyter.core.inventory import Inventory
 from gpuctx_jupyter.core.sampler import Sample
-from gpuctx_jupyter.server import extension, kernel_query, metrics
+from gpuctx_jupyter.server import extension, kernel_query, metrics, suspend
 from gpuctx_jupyter.server.holders import holdings
+from gpuctx_jupyter.server.lifecycle import Lifecycle
+from gpuctx_jupyter.server.tasks import Background
 
 from .harness.fake_cuda import NOT_SUPPORTED, FakeCuda
 from .harness.gpus import h200
@@ -41,7 +47,8 @@ def fake(tmp_path, monkeypatch) -> FakeCuda:
     cuda = FakeCuda(tmp_path / "fake-cuda")
     for name, value in cuda.env.items():  # the server's helpers and its kernels load the stand-in
         monkeypatch.setenv(name, value)
-    return cuda
+    yield cuda
+    cuda.unhang_all()  # a kernel's waiting helper left in a hang finishes (its kernel is gone)
 
 
 @pytest.fixture
@@ -92,6 +99,17 @@ async def start(jp_fetch, jp_serverapp, fake, path: str) -> tuple[str, int]:
             return kid, answer["pid"]
         await asyncio.sleep(0.2)
     raise TimeoutError("the kernel never answered")
+
+
+def helpers(action: str, pid: int) -> list[psutil.Process]:
+    """The checkpoint helpers running `action` on `pid` now (the server's, or a kernel's waiting one)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "gpuctx_jupyter.checkpoint" in cmd and cmd[cmd.index("gpuctx_jupyter.checkpoint") + 1:][:2] == [
+                action, str(pid)]:
+            found.append(proc)
+    return found
 
 
 async def post(jp_fetch, kid: str, action: str, **kwargs) -> tuple[int, dict]:
@@ -203,11 +221,14 @@ async def test_two_suspends_at_once_and_a_resume_racing_a_restart_each_get_a_cle
     restart = jp_fetch("api", "kernels", kid, "restart", method="POST", body="")
     (code, resumed), restarted = await asyncio.gather(post(jp_fetch, kid, "resume"), restart)
     assert restarted.code == 200
-    assert code == 200 or "in progress (restart)" in resumed["message"], resumed
+    # the resume finished first, or the restart came first, or the restart stopped it midway
+    assert code == 200 or resumed["message"] in (
+        "an action on this kernel is in progress (restart): try again once it has finished",
+        "the resume was stopped: the kernel is being restarted"), resumed
     assert kid not in gpuctx.manager.suspended
     kernel = jp_serverapp.kernel_manager.get_kernel(kid)
     assert (await arun(kernel, "print('new kernel')")).stdout.endswith("new kernel\n")
-    if code != 200:  # the restart came first: it did not restore the old process
+    if code != 200 and "in progress" in resumed["message"]:  # the restart came first: no restore of the old process
         assert "restore" not in fake.steps(pid)
 
 
@@ -233,14 +254,137 @@ async def test_culling_and_the_pressure_release_can_suspend_idle_holders_instead
         holders = server.holders.collect()
         return inv, holders, holdings(inv, holders)
 
-    culled = await culler(*round_of(gpuctx.gpu.inventory()))
-    assert [(c["kernel_id"], c["action"]) for c in culled] == [(kid, "suspend")] and fake.state(pid) == 2
+    assert await culler(*round_of(gpuctx.gpu.inventory())) == [kid]  # started, in the background
+    assert await wait_until(lambda: culler.culled, timeout=30)
+    assert [(c["kernel_id"], c["action"]) for c in culler.culled] == [(kid, "suspend")] and fake.state(pid) == 2
     assert gpuctx.manager.suspended[kid].by == "culling"
     assert (await post(jp_fetch, kid, "resume"))[0] == 200
     pressure.clock, pressure.idle_seconds = (lambda: later), 300.0
-    done = await pressure(*round_of(gpuctx.gpu.inventory(used_extra=131 * GIB)))  # < 5 % of the GPU free
+    assert await pressure(*round_of(gpuctx.gpu.inventory(used_extra=131 * GIB))) == [kid]  # < 5 % of the GPU free
+    assert await wait_until(lambda: pressure.history, timeout=30)
+    done = pressure.history
     assert [(d["kernel_id"], d["action"], d["status"]) for d in done] == [(kid, "suspend", "ok")]
     assert done[0]["released_total"] == 8 * GIB and gpuctx.manager.suspended[kid].by == "pressure"
+
+
+async def test_the_holders_round_goes_on_while_culling_suspends_a_kernel(jp_fetch, jp_serverapp, fake, gpuctx):
+    """A suspend takes about a minute for a full H200 (900 s if the driver hangs): the round that
+    started it goes on, writing the holders file and feeding the pressure release meanwhile."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "slow.ipynb")
+    gpuctx.gpu.held[pid] = 8 * GIB
+    server = gpuctx.server
+    later = time.time() + 7200
+    server.culler.after, server.culler.clock = 3600.0, lambda: later
+    fake.hang(pid, "checkpoint")  # until the test lets it go on
+    await asyncio.wait_for(server.holders.tick(gpuctx.gpu.inventory()), 15)
+    assert await wait_until(lambda: fake.hanging(pid, "checkpoint"), timeout=30)
+    assert server.lifecycle.actions.busy(kid) == "suspend_kernel"
+    for _ in range(2):  # more rounds while it is in flight: each returns, none starts a second suspend
+        holders, held = await asyncio.wait_for(server.holders.tick(gpuctx.gpu.inventory()), 15)
+        assert held[kid] == {0: 8 * GIB} and kid in [h.id for h in holders]
+    assert len(helpers("suspend", pid)) == 1 and server.culler.culled == []
+    fake.hang(pid, "checkpoint", False)
+    assert await wait_until(lambda: server.culler.culled, timeout=30)
+    assert [(c["kernel_id"], c["action"]) for c in server.culler.culled] == [(kid, "suspend")]
+    assert gpuctx.manager.suspended[kid].by == "culling" and fake.state(pid) == 2
+
+
+async def test_a_restart_stops_a_suspend_whose_driver_call_hangs(jp_fetch, jp_serverapp, fake, gpuctx):
+    """Restart is the way out of a stuck kernel: it does not wait behind a suspend (up to
+    suspend_timeout, 900 s): it stops it, its helper killed, and restarts the kernel at once."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "hung.ipynb")
+    gpuctx.gpu.held[pid] = 4 * GIB
+    fake.hang(pid, "lock")
+    suspending = asyncio.ensure_future(post(jp_fetch, kid, "suspend"))
+    assert await wait_until(lambda: fake.hanging(pid, "lock"), timeout=30)
+    process = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.process
+    restarted = await asyncio.wait_for(jp_fetch("api", "kernels", kid, "restart", method="POST", body=""), 45)
+    assert restarted.code == 200
+    code, answer = await asyncio.wait_for(suspending, 10)
+    assert code == 409 and answer["message"] == "the suspend was stopped: the kernel is being restarted"
+    assert helpers("suspend", pid) == []  # killed with it, not left waiting in the driver
+    assert process.returncode == -signal.SIGKILL  # it may have been locked: stopped at once
+    assert kid not in gpuctx.manager.suspended and server_busy(gpuctx, kid) is None
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    assert (await arun(kernel, "print('new kernel')")).stdout.endswith("new kernel\n")
+
+
+async def test_a_shutdown_stops_a_resume_the_kernel_never_answers(jp_fetch, jp_serverapp, fake, gpuctx):
+    """The kernel answers RESUME only once it has restored itself; here its restore hangs (so its
+    control thread never answers): a shutdown stops the resume and the record goes."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "stuck.ipynb")
+    gpuctx.gpu.held[pid] = 4 * GIB
+    assert (await post(jp_fetch, kid, "suspend"))[0] == 200
+    fake.hang(pid, "restore")
+    resuming = asyncio.ensure_future(post(jp_fetch, kid, "resume"))
+    assert await wait_until(lambda: fake.hanging(pid, "restore"), timeout=30)  # the kernel's own helper
+    process = jp_serverapp.kernel_manager.get_kernel(kid).provisioner.process
+    stopped = await asyncio.wait_for(jp_fetch("api", "kernels", kid, method="DELETE"), 30)
+    assert stopped.code == 204
+    code, answer = await asyncio.wait_for(resuming, 10)
+    assert code == 409 and answer["message"] == "the resume was stopped: the kernel is being shut down"
+    assert process.returncode == -signal.SIGKILL and kid not in jp_serverapp.kernel_manager
+    assert kid not in gpuctx.manager.suspended and server_busy(gpuctx, kid) is None
+
+
+async def test_a_resume_of_a_kernel_that_cannot_answer_goes_to_the_helper_at_once(jp_fetch, jp_serverapp, fake,
+                                                                                 gpuctx):
+    """Whether the kernel answers is asked within kernel_query_timeout, not suspend_timeout (900 s):
+    a stopped kernel is restored by the server's helper, and its next cell runs."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "stopped.ipynb")
+    gpuctx.gpu.held[pid] = 4 * GIB
+    assert (await post(jp_fetch, kid, "suspend"))[0] == 200
+    gpuctx.server.cfg.kernel_query_timeout = 1.0
+    os.kill(pid, signal.SIGSTOP)  # its control thread cannot answer
+    try:
+        code, answer = await asyncio.wait_for(post(jp_fetch, kid, "resume"), 30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert code == 200 and "restore" in answer["steps"] and fake.state(pid) == 0, answer
+    assert kid not in gpuctx.manager.suspended
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    assert (await arun(kernel, "print('runs')")).stdout.endswith("runs\n")
+
+
+async def test_the_servers_shutdown_stops_a_hung_suspend_before_it_awaits_its_tasks():
+    """Culling's suspends run as background tasks, which the server's shutdown awaits: one that
+    hangs is pre-empted first, not waited for (up to suspend_timeout)."""
+    entered, calls = asyncio.Event(), []
+
+    class Manager:  # the kernel manager's methods the lifecycle wraps
+        log = None
+
+        def __contains__(self, kid):
+            return True
+
+        async def shutdown_all(self, *args, **kwargs):
+            calls.append("shutdown_all")
+
+        async def restart_kernel(self, *args, **kwargs): ...
+
+        async def shutdown_kernel(self, *args, **kwargs): ...
+
+        async def interrupt_kernel(self, *args, **kwargs): ...
+
+        async def start_kernel(self, *args, **kwargs): ...
+
+    async def hung_suspend(kid, by):
+        entered.set()
+        await asyncio.Event().wait()  # a helper that never answers
+
+    manager = SimpleNamespace(suspend=hung_suspend, resume=hung_suspend, is_suspended=lambda kid: False,
+                              forget=lambda kid: None)
+    background = Background(None)
+    lifecycle = Lifecycle(Manager(), None, background, suspend=manager)
+    culled = background.spawn(suspend.run(lifecycle.actions, "suspend", "k1", by="culling"), "culling k1")
+    await asyncio.wait_for(entered.wait(), 5)
+    await asyncio.wait_for(lifecycle.shutdown_all(), 5)
+    assert calls == ["shutdown_all"] and isinstance(culled.exception(), suspend.Refused)
+    assert culled.exception().message == "the suspend was stopped: the kernel is being shut down"
+
+
+def server_busy(gpuctx, kid: str) -> str | None:
+    return gpuctx.server.lifecycle.actions.busy(kid)
 
 
 def test_a_machine_without_the_api_answers_409_with_the_drivers_reason(server_factory):

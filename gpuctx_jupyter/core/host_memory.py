@@ -4,7 +4,10 @@ Inside a container (JupyterHub's single-user servers, Kubernetes) the limit is t
 the machine's: a server that trusted /proc/meminfo would start standbys until the container is
 killed for memory. `available()` takes the smallest of the machine's MemAvailable and the room
 under each memory limit on the way from the process's cgroup up to the root (a container's, a
-systemd slice's; v2, and v1's memory controller). Suspending a notebook moves its GPU memory into
+systemd slice's; v2, and v1's memory controller). A cgroup's usage counts its page cache, which
+the kernel reclaims before it gives up: the inactive file pages (memory.stat) are not counted, as
+`docker stats` and the kubelet do not, else a hub pod that has read a few large files looks full.
+Suspending a notebook moves its GPU memory into
 the kernel's own host memory: the server asks this of the kernel's process before it starts.
 """
 from __future__ import annotations
@@ -46,10 +49,23 @@ def _read_int(path: str) -> int | None:
     return int(raw) if raw.isdigit() else None  # "max": no limit
 
 
-def _cgroup_folders(proc: str, cgroup: str, pid: int | str) -> list[tuple[str, str, str]]:
-    """(folder, limit file, usage file) of the process's memory cgroup and each of its parents, v2
-    and v1; the root alone when /proc does not say (inside a cgroup namespace the root is the
-    container's own cgroup)."""
+def _inactive_file(folder: str, key: str) -> int:
+    """Bytes of inactive page cache in a cgroup's memory.stat (`key`), 0 when it does not say."""
+    try:
+        with open(os.path.join(folder, "memory.stat")) as fh:
+            for line in fh:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _cgroup_folders(proc: str, cgroup: str, pid: int | str) -> list[tuple[str, str, str, str]]:
+    """(folder, limit file, usage file, memory.stat's inactive page cache key) of the process's
+    memory cgroup and each of its parents, v2 and v1; the root alone when /proc does not say
+    (inside a cgroup namespace the root is the container's own cgroup)."""
     try:
         with open(os.path.join(proc, str(pid), "cgroup")) as fh:
             lines = fh.read().splitlines()
@@ -62,9 +78,10 @@ def _cgroup_folders(proc: str, cgroup: str, pid: int | str) -> list[tuple[str, s
             continue
         _id, controllers, path = parts
         if controllers == "":  # v2
-            base, files = cgroup, ("memory.max", "memory.current")
+            base, files = cgroup, ("memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):  # v1
-            base, files = os.path.join(cgroup, "memory"), ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            base, files = (os.path.join(cgroup, "memory"),
+                           ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
         else:
             continue
         path = path.strip("/")
@@ -77,12 +94,13 @@ def _cgroup_folders(proc: str, cgroup: str, pid: int | str) -> list[tuple[str, s
 
 
 def _cgroup_limit(proc: str, cgroup: str, pid: int | str) -> tuple[int, int] | None:
-    """(limit, usage) of the tightest memory limit over the process's cgroup and its parents; None
-    without a limit."""
+    """(limit, usage) of the tightest memory limit over the process's cgroup and its parents (usage
+    without the inactive page cache); None without a limit."""
     best = None
-    for folder, limit_file, usage_file in _cgroup_folders(proc, cgroup, pid):
+    for folder, limit_file, usage_file, inactive in _cgroup_folders(proc, cgroup, pid):
         limit, usage = _read_int(os.path.join(folder, limit_file)), _read_int(os.path.join(folder, usage_file))
         if limit is not None and usage is not None and limit < 2**60:  # v1 says "no limit" with a huge number
+            usage = max(0, usage - _inactive_file(folder, inactive))
             if best is None or limit - usage < best[0] - best[1]:
                 best = (limit, usage)
     return best

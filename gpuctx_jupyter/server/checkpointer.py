@@ -3,9 +3,10 @@
 `Checkpointer` is what the suspend logic (server/suspend.py) needs of the driver; `HelperCheckpointer`,
 its implementation, runs `python -m gpuctx_jupyter.checkpoint ACTION PID …` (core/checkpoint.py)
 as an asyncio subprocess, so that the event loop never waits on the driver and a driver fault or
-a call that never returns costs a helper, not the server. On a machine without a GPU the same
-helper loads the stand-in libcuda the tests build (GPUCTX_LIBCUDA), so the CPU suite drives this
-code unchanged. Every outcome is a value (core.checkpoint.Outcome), never an exception.
+a call that never returns costs a helper, not the server; an action that is cancelled (a restart
+or shutdown of the kernel pre-empts it: lifecycle.py) kills its helper. On a machine without a
+GPU the same helper loads the stand-in libcuda the tests build (GPUCTX_LIBCUDA), so the CPU suite
+drives this code unchanged. Every outcome is a value (core.checkpoint.Outcome), never an exception.
 """
 from __future__ import annotations
 
@@ -40,9 +41,11 @@ class HelperCheckpointer:
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout or self.timeout)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await _kill(proc)
             return {}, f"the checkpoint helper did not finish within {timeout or self.timeout:g} s"
+        except asyncio.CancelledError:  # a restart or shutdown pre-empted the action: the helper goes with it
+            await _kill(proc)
+            raise
         lines = out.decode(errors="replace").strip().splitlines()
         try:
             answer = json.loads(lines[-1]) if lines else {}
@@ -74,3 +77,11 @@ class HelperCheckpointer:
     async def resume(self, pid: int, need: dict[str, int] | None = None) -> Outcome:
         extra = [word for uuid, n in (need or {}).items() for word in ("--need", f"{uuid}={int(n)}")]
         return await self._outcome("resume", pid, *extra)
+
+
+async def _kill(proc) -> None:
+    try:
+        proc.kill()
+    except ProcessLookupError:  # it ended meanwhile
+        pass
+    await proc.wait()

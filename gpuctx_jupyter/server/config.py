@@ -125,7 +125,9 @@ class GpuctxServer(Configurable):
         2.0,
         help="""Seconds GET /gpuctx/api/kernels/<id> waits for a kernel to answer the GPU
         question on its control channel before it answers {"status": "no-answer"} (a kernel
-        busy in a C call that holds the GIL, or one without gpuctx loaded, never answers).""",
+        busy in a C call that holds the GIL, or one without gpuctx loaded, never answers). A
+        resume asks the same question first: a kernel that does not answer within this time is
+        restored by the checkpoint helper instead of being asked to restore itself.""",
     ).tag(config=True)
 
     pool_size = Int(
@@ -228,8 +230,9 @@ class GpuctxServer(Configurable):
     import_profile_seconds = Float(
         60.0,
         help="""Seconds of imports, as standbys measured them, the import profile holds at most; a
-        module whose import fails, does not finish in this time or creates a CUDA context is
-        dropped from it (logged once).""",
+        module whose own import fails, runs a third of this time without finishing (time its
+        standby stood paused not counted) or creates a CUDA context is dropped from it (logged
+        once) and tried again a week later.""",
     ).tag(config=True)
 
     standby_pause_cores = Int(
@@ -370,7 +373,8 @@ class GpuctxServer(Configurable):
     suspend_timeout = Float(
         900.0,
         help="""Seconds a whole suspend or resume may take (the checkpoint of a full H200 takes
-        about a minute) before the server gives up waiting for it.""",
+        about a minute) before the server gives up waiting for it. A restart or shutdown of the
+        kernel does not wait for it: it stops the suspend or resume in flight.""",
     ).tag(config=True)
 
     suspend_host_reserve_gib = Float(

@@ -6,9 +6,12 @@ GPU and that has had no user activity (gpuctx's own requests do not count) for t
 is shut down through the kernel manager — so through the lifecycle's Actions, one action per
 kernel at a time — with one log line naming the notebook and the memory freed (or, with
 c.GpuctxServer.cull_idle_gpu_kernels_action = "suspend", suspended: `shutdown` is then suspend.py's
-and `action` says so). A kernel running a cell is never culled. The time each holder will be
-culled is kept in `cull_at` for the GPU API, which the panel shows as a notification from
-cull_warning_seconds before. The clock is injected, so tests drive it.
+and `action` says so). A kernel running a cell is never culled. Each shutdown or suspend runs
+as a background task of its own (`tasks.Background.spawn_once`, one per kernel at a time), so the
+round goes on at once: a suspend takes about a minute for a full H200 (more if the driver hangs),
+and the holders file, the API's holders and the pressure release must not wait for it. The time
+each holder will be culled is kept in `cull_at` for the GPU API, which the panel shows as a
+notification from cull_warning_seconds before. The clock is injected, so tests drive it.
 """
 from __future__ import annotations
 
@@ -18,16 +21,18 @@ from collections.abc import Callable
 
 from ..contract.holders import Holder
 from ..core.inventory import Inventory
+from .tasks import Background
 
 
 class GpuCuller:
     def __init__(self, after: float, shutdown: Callable[[str], object], clock: Callable[[], float] = time.time,
-                 log=None, warning_s: float = 600.0, action: str = "shutdown"):
+                 log=None, warning_s: float = 600.0, action: str = "shutdown", background: Background | None = None):
         if after < 0 or warning_s < 0:
             raise ValueError("cull times must be 0 (off) or positive seconds")
         self.after, self.warning_s = after, warning_s
         self.shutdown, self.clock, self.log = shutdown, clock, log
         self.action = action  # or "suspend": what `shutdown` does, for the log and the entries
+        self.background = background or Background(log)  # the extension's: awaited at server shutdown
         self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
         self.culled: list[dict] = []  # newest last (bounded)
 
@@ -35,12 +40,14 @@ class GpuCuller:
     def on(self) -> bool:
         return self.after > 0
 
-    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[dict]:
+    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[str]:
+        """Start culling the holders idle long enough; the ids of those started (the outcome is
+        logged, and kept in `culled`, once each action ends)."""
         if not self.on:
             self.cull_at = {}
             return []
         now = self.clock()
-        cull_at, culled = {}, []
+        cull_at, started = {}, []
         for h in holders:
             on = held.get(h.id)
             if h.standby or not on or not sum(on.values()):
@@ -51,27 +58,31 @@ class GpuCuller:
             if h.execution_state == "busy" or idle < self.after:
                 cull_at[h.id] = now + (self.after - (0.0 if h.execution_state == "busy" else idle))
                 continue
-            freed = sum(on.values())
-            where = ", ".join(f"{_gib(v)} on cuda:{o}" for o, v in sorted(on.items()))
-            try:
-                result = self.shutdown(h.id)
-                if inspect.isawaitable(result):
-                    await result
-            except Exception as exc:  # noqa: BLE001 — gone meanwhile, or the manager refused: say so
-                self._log("warning", "gpuctx: could not %s idle kernel %s (%s): %s: %s",
-                          "cull" if self.action == "shutdown" else self.action, h.id, h.label(),
-                          type(exc).__name__, exc)
-                continue
-            entry = {"kernel_id": h.id, "label": h.label(), "idle_s": round(idle), "freed": freed, "time": now,
-                     "action": self.action}
-            culled.append(entry)
-            self._log("info", "gpuctx: %s kernel %s (%s), idle %d s, holding %s of GPU memory (%s) — "
-                      "c.GpuctxServer.cull_idle_gpu_kernels_after = %g",
-                      "culled" if self.action == "shutdown" else "suspended idle", h.id, h.label(), idle,
-                      _gib(freed), where, self.after)
+            if self.background.spawn_once(h.id, lambda h=h, idle=idle, on=dict(on): self._cull(h, idle, on, now),
+                                          f"culling kernel {h.id}"):
+                started.append(h.id)
         self.cull_at = cull_at
-        self.culled = (self.culled + culled)[-50:]
-        return culled
+        return started
+
+    async def _cull(self, h: Holder, idle: float, on: dict[int, int], now: float) -> None:
+        freed = sum(on.values())
+        where = ", ".join(f"{_gib(v)} on cuda:{o}" for o, v in sorted(on.items()))
+        try:
+            result = self.shutdown(h.id)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:  # noqa: BLE001 — gone meanwhile, or the manager refused: say so
+            self._log("warning", "gpuctx: could not %s idle kernel %s (%s): %s: %s",
+                      "cull" if self.action == "shutdown" else self.action, h.id, h.label(),
+                      type(exc).__name__, exc)
+            return
+        entry = {"kernel_id": h.id, "label": h.label(), "idle_s": round(idle), "freed": freed, "time": now,
+                 "action": self.action}
+        self.culled = (self.culled + [entry])[-50:]
+        self._log("info", "gpuctx: %s kernel %s (%s), idle %d s, holding %s of GPU memory (%s) — "
+                  "c.GpuctxServer.cull_idle_gpu_kernels_after = %g",
+                  "culled" if self.action == "shutdown" else "suspended idle", h.id, h.label(), idle,
+                  _gib(freed), where, self.after)
 
     def warnings(self) -> dict[str, float]:
         """The kernels to be culled within the warning time: id -> seconds left."""

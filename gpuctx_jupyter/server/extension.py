@@ -12,7 +12,8 @@ given what it needs through its constructor. Read this file to see how the piece
   provisioner    provisioner.attach: how local kernels are launched (from a standby when one fits)
   lifecycle      lifecycle.Lifecycle: the one chain around the kernel manager (one action per
                  kernel at a time — suspend and resume among them —, gateway warm-ups, shutdown order)
-  consumers      release.PressureRelease and culling.GpuCuller, run after each holders round
+  consumers      release.PressureRelease and culling.GpuCuller, run after each holders round (their
+                 releases, suspends and shutdowns in the background: one per kernel at a time)
   history        history.GpuHistory (the last hour for pages that connect), links.LinkReader
                  (PCIe/NVLink while a dashboard asks), usage.HostUsage (host memory and CPU)
   typed cells    typed_cells.TypedCells: a notebook's cells as they are typed, on their way to its
@@ -30,7 +31,7 @@ from ..contract import (ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, 
 from ..core import inventory
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
-from . import jupyter_internals, metrics, provisioner, release, routes, suspend
+from . import jupyter_internals, kernel_client, metrics, provisioner, release, routes, suspend
 from .checkpointer import HelperCheckpointer
 from .config import GpuctxServer
 from .culling import GpuCuller
@@ -112,7 +113,10 @@ def load(serverapp) -> Server:
     lifecycle.install()
 
     async def release_kernel(kernel_id: str) -> dict:
-        return await release.release(mkm.get_kernel(kernel_id), cfg.release_timeout)
+        kernel = kernel_client.find(mkm, kernel_id)
+        if kernel is None:
+            return {"status": "gone", "reason": "the kernel was shut down meanwhile"}
+        return await release.release(kernel, cfg.release_timeout)
 
     # with pressure_action / cull_idle_gpu_kernels_action = "suspend", idle holders are suspended instead
     pressure = release.PressureRelease(cfg.release_below_free_fraction, cfg.release_idle_seconds,
@@ -120,11 +124,11 @@ def load(serverapp) -> Server:
                                        suspend.pressure(lifecycle.actions) if cfg.pressure_action == "suspend"
                                        else release_kernel, pool.evict if pool else None, log=log,
                                        recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S),
-                                       action=cfg.pressure_action)
+                                       action=cfg.pressure_action, background=background)
     culler = GpuCuller(cfg.cull_idle_gpu_kernels_after,
                        suspend.culling(lifecycle.actions) if cfg.cull_idle_gpu_kernels_action == "suspend"
                        else mkm.shutdown_kernel, log=log, warning_s=cfg.cull_warning_seconds,
-                       action=cfg.cull_idle_gpu_kernels_action)
+                       action=cfg.cull_idle_gpu_kernels_action, background=background)
     holders.consumers += [pressure, culler]
 
     typed = TypedCells(cfg.kernel_query_timeout, background)

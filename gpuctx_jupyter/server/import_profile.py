@@ -12,12 +12,20 @@ instant. The profile holds:
   across server restarts in Jupyter's data folder;
 - `torch._inductor.compile_fx` for a notebook that calls torch.compile (the import its first
   compile pays; a standby that imports it starts inductor's compile workers too);
-- what each import costs and what it did, as the standbys report it: a module that failed, did
-  not finish in time or created a CUDA context is dropped (logged once); one that started the CUDA
-  driver (torch_geometric does) stays, marked, and a standby holding it serves only notebooks whose
-  CUDA start-up environment is the standby's.
+- what each import costs and what it did, as the standbys report it: a module whose own import
+  failed, ran past HANG_FRACTION of the import budget without finishing (time its standby stood
+  paused for a running cell not counted) or created a CUDA context is dropped (logged once), for
+  DROP_EXPIRES_S: then it is tried once more (the package may have been fixed or upgraded; a week
+  keeps a bad one to one standby's import a week, and needs no look into each kernelspec's
+  environment, which the server cannot see). An import the budget left no time for is no judgement
+  on the module: it stays. One that started the CUDA driver (torch_geometric does) stays, marked,
+  and a standby holding it serves only notebooks whose CUDA start-up environment is the standby's;
+- what is true of one kernelspec only (a module not installed in its environment, a module left
+  out so that its standby fits the standbys' share of host memory) is left out for that kernelspec
+  alone (`left_out`), in memory, and lapses as drops do.
 
-Capped by count and by import time: `modules()` is the list a standby imports, in that order.
+Capped by count and by import time: `modules(kernel_name)` is the list a standby imports, in that
+order.
 """
 from __future__ import annotations
 
@@ -35,6 +43,8 @@ MAX_MODULES = 30
 IMPORT_BUDGET_S = 60.0
 RECENT_NOTEBOOKS = 20  # notebooks read at start-up: the most recently modified ones under the root
 SCAN_ENTRIES = 5000  # folder entries looked at by the start-up scan at most
+HANG_FRACTION = 1 / 3  # an import still running after this share of the import budget hangs (20 s of 60)
+DROP_EXPIRES_S = 7 * 24 * 3600.0  # a dropped or left-out module is tried again after a week
 SKIP_DIRS = {"node_modules", "site-packages", "__pycache__", ".ipynb_checkpoints", ".git", ".venv", "venv"}
 
 
@@ -45,7 +55,9 @@ class Entry:
     last: float = 0.0  # when a notebook importing it was last opened or modified (epoch)
     seconds: float | None = None  # its import, as a standby last measured it
     dropped: str = ""  # why it is no longer imported ahead (a sentence)
+    dropped_at: float = 0.0  # when (epoch): tried again DROP_EXPIRES_S later
     driver: bool = False  # its import starts the CUDA driver
+    memory: int | None = None  # bytes of host memory its import added to a standby, as last seen
 
 
 class ImportProfile:
@@ -55,6 +67,7 @@ class ImportProfile:
         self.max_modules, self.budget_s = max_modules, budget_s
         self.base = list(BASE_TORCH) if torch_installed else []
         self.entries: dict[str, Entry] = {}
+        self.left_out: dict[str, dict[str, tuple[str, float]]] = {}  # kernelspec -> module -> (why, when)
         self._logged: set[str] = set()
 
     # -- learning --------------------------------------------------------------------------------
@@ -77,8 +90,11 @@ class ImportProfile:
             entry.last = max(entry.last, when)
         return self.modules() != before
 
-    def outcome(self, module: str, state: str, seconds: float | None, cuda: str, detail: str = "") -> None:
-        """What importing `module` did in a standby (its plan step): keep its time, drop what broke."""
+    def outcome(self, module: str, state: str, seconds: float | None, cuda: str, detail: str = "",
+                kernel_name: str = "", paused_s: float = 0.0) -> None:
+        """What importing `module` did in a standby of `kernel_name` (its plan step): keep its time,
+        drop what broke. `paused_s`: how long that standby stood stopped for running cells (its
+        clock ran on meanwhile)."""
         entry = self.entries.get(module)
         if entry is None:
             if module in self.base and cuda == "context":
@@ -89,16 +105,47 @@ class ImportProfile:
         entry.driver = entry.driver or cuda == "driver"
         if cuda == "context":
             self._drop(entry, "its import created a CUDA context (GPU memory in a standby)")
-        elif "import budget" in detail:
-            self._drop(entry, f"its import did not finish in time ({detail})")
+        elif "import budget" in detail:  # skipped (no time was left) or cut short (time ran out)
+            own = (seconds or 0.0) - paused_s
+            if state == "failed" and own >= HANG_FRACTION * self.budget_s:
+                self._drop(entry, f"its import did not finish in {own:.0f} s ({detail})")
         elif state == "failed":
             self._drop(entry, f"its import failed ({detail})" if detail else "its import failed")
-        elif state == "skipped" and detail.startswith(("not installed", "local code", "not an installed", "on the deny")):
-            self._drop(entry, detail)
+        elif state == "skipped" and detail:  # not installed there, local code, the deny list
+            self.leave_out(kernel_name, module, detail)
+
+    def leave_out(self, kernel_name: str, module: str, why: str) -> None:
+        """`module` is not imported ahead by standbys of `kernel_name` (the others still do)."""
+        if module not in self.left_out.setdefault(kernel_name, {}):
+            self.left_out[kernel_name][module] = (why, time.time())
+            key = f"{kernel_name}:{module}"
+            if key not in self._logged:
+                self._logged.add(key)
+                self.log.info("gpuctx pool: %s is no longer imported ahead by %s standbys: %s", module,
+                              kernel_name, why)
+
+    def trim(self, kernel_name: str, modules, excess: int) -> list[str]:
+        """A standby of `kernel_name` importing `modules` outgrew the standbys' share of host memory
+        by `excess` bytes: leave its heaviest learnt modules (as measured) out for that kernelspec
+        until that much is gone. [] when what was measured cannot make it fit."""
+        known = sorted(((self.entries[m].memory, m) for m in modules
+                        if m in self.entries and m not in self.base and self.entries[m].memory), reverse=True)
+        out, freed = [], 0
+        for cost, module in known:
+            if freed >= excess:
+                break
+            out.append((module, cost))
+            freed += cost
+        if freed < excess:
+            return []
+        for module, cost in out:
+            self.leave_out(kernel_name, module, f"its import adds {cost / 2**20:.0f} MiB: a standby importing it "
+                                                "holds more than standby_memory_fraction of the host memory")
+        return [m for m, _ in out]
 
     def _drop(self, entry: Entry, why: str) -> None:
         if not entry.dropped:
-            entry.dropped = why
+            entry.dropped, entry.dropped_at = why, time.time()
             self._drop_once(entry.module, why)
 
     def _drop_once(self, module: str, why: str) -> None:
@@ -106,13 +153,28 @@ class ImportProfile:
             self._logged.add(module)
             self.log.info("gpuctx pool: %s is no longer imported ahead by standbys: %s", module, why)
 
+    def _lapse(self, now: float) -> None:
+        """Drops and left-outs older than DROP_EXPIRES_S are tried again."""
+        for entry in self.entries.values():
+            if entry.dropped and now - entry.dropped_at > DROP_EXPIRES_S:
+                entry.dropped, entry.dropped_at = "", 0.0
+                self._logged.discard(entry.module)
+        for kernel_name, modules in self.left_out.items():
+            for module, (_, when) in list(modules.items()):
+                if now - when > DROP_EXPIRES_S:
+                    del modules[module]
+                    self._logged.discard(f"{kernel_name}:{module}")
+
     # -- what a standby imports ---------------------------------------------------------------------
-    def modules(self) -> list[str]:
-        """The base, then the learned modules most recently used first, capped by count and time."""
+    def modules(self, kernel_name: str = "") -> list[str]:
+        """The base, then the learned modules most recently used first, capped by count and time;
+        for a standby of `kernel_name`, without what is left out for it."""
+        self._lapse(time.time())
         out = list(self.base)
+        skip = self.left_out.get(kernel_name, {})
         spent = 0.0
         for entry in sorted(self.entries.values(), key=lambda e: (-e.last, -e.seen, e.module)):
-            if entry.dropped or entry.module in out:
+            if entry.dropped or entry.module in out or entry.module in skip:
                 continue
             if len(out) >= self.max_modules:
                 break
@@ -136,6 +198,8 @@ class ImportProfile:
             for item in raw.get("entries", []):
                 entry = Entry(**{k: item[k] for k in Entry.__dataclass_fields__ if k in item})
                 if isinstance(entry.module, str) and entry.module:
+                    if entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
+                        entry.dropped_at = time.time()
                     self.entries[entry.module] = entry
         except (OSError, ValueError, TypeError, AttributeError):
             pass  # none yet, or not ours: learnt again from the notebooks
@@ -153,7 +217,9 @@ class ImportProfile:
             self._drop_once("(the profile file)", f"cannot write {self.path}: {exc}")
 
     def as_dict(self) -> dict:
-        return {"modules": self.modules(), "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
+        modules = self.modules()
+        return {"modules": modules, "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
+                "left_out": {k: {m: why for m, (why, _) in v.items()} for k, v in self.left_out.items() if v},
                 "learned": len(self.entries)}
 
 

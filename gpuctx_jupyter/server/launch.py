@@ -78,6 +78,7 @@ def kernel_env_defaults(env: Mapping[str, str], holders_file: str | None, jax_pr
         out["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"  # a first jit cell's compile counts
         if jax_cache_max_gib > 0:
             out["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(int(jax_cache_max_gib * 2**30))
+        out = {k: v for k, v in out.items() if k not in env}  # the user's own bounds stay theirs
     if holders_file:
         out[HOLDERS] = holders_file
     said = any(v in env for v in (contract.XLA_PREALLOCATE, contract.XLA_MEM_FRACTION, contract.XLA_ALLOCATOR))

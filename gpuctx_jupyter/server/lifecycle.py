@@ -4,13 +4,15 @@ How a kernel is launched is the provisioner's (`provisioner.py`). What a provisi
 is here, wrapped once, in this order, around jupyter_server's own methods:
 
   interrupt / restart / shutdown   1. one action per kernel at a time (below)
-                                   2. a suspended kernel (suspend.py) is restarted or shut down at
-                                      once (now=True), and forgotten as suspended
+                                   2. a suspended kernel (suspend.py), or one whose suspend or
+                                      resume was pre-empted, is restarted or shut down at once
+                                      (now=True), and forgotten as suspended
                                    3. gateway kernels: the warm-up request after a (re)start
   start                            2. gateway kernels: the warm-up request after the start
   shutdown_all                     the warm pool's processes first, then the holders round and
-                                   the notebook reader stop, every background task is awaited,
-                                   then jupyter_server's own shutdown of its kernels
+                                   the notebook reader stop, suspends and resumes in flight are
+                                   pre-empted, every background task is awaited, then
+                                   jupyter_server's own shutdown of its kernels
 
 One action at a time per kernel: jupyter_client restarts a kernel by stopping its process and
 starting a new one on the same ports: two restarts at once both stop the same process, and the
@@ -21,16 +23,24 @@ tracks. So every action on a kernel — gpuctx's routes, jupyter_server's own
 
 - an action asked while the same action is in flight on that kernel joins it: both callers get
   its outcome, and the kernel is restarted (or stopped) once;
+- a restart or shutdown pre-empts a suspend or resume in flight: the suspend's task is cancelled
+  (its checkpoint helper killed with it) and its callers get `Preempted` (a 409 that says why),
+  then the kernel's process is stopped at once (now=True: it may be locked or checkpointed, and
+  its control thread may be what hangs), it is forgotten as suspended, and the log says so.
+  Restart and shutdown are how a user gets out of a stuck kernel; a suspend may take minutes
+  (c.GpuctxServer.suspend_timeout) when the driver or the kernel hangs;
 - any other action waits for the one in flight, then runs — unless that one ended the kernel: a
   restart queued behind a shutdown then does nothing, and jupyter_server answers 404 for a kernel
   that no longer exists, as it would had the restart come later;
-- gpuctx's own routes do not wait: they answer 409 with a message (`Busy`).
+- gpuctx's own routes do not wait: they answer 409 with a message (`Busy`) — but their restart
+  and shutdown pre-empt a suspend or resume as jupyter_server's do.
 
 A restart is in flight until the new kernel answers kernel_info (`Actions._until_answered`).
 """
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from jupyter_core.utils import ensure_async
 from tornado import web
@@ -38,6 +48,9 @@ from tornado import web
 from . import kernel_client
 
 ACTIONS = ("restart_kernel", "shutdown_kernel", "interrupt_kernel")
+# what each action pre-empts (cancels) rather than waits for: the recovery actions end the long ones
+PREEMPTS = {"restart_kernel": ("suspend_kernel", "resume_kernel"),
+            "shutdown_kernel": ("suspend_kernel", "resume_kernel")}
 
 
 class Busy(Exception):
@@ -53,52 +66,112 @@ class Gone(Exception):
     """The kernel ended while this action waited for its turn."""
 
 
+class Preempted(Exception):
+    """This action was stopped by another that pre-empts it (a restart or shutdown of the kernel)."""
+
+    def __init__(self, action: str, by: str):
+        super().__init__(f"{_verb(action)} stopped: the kernel is being {_done(by)}")
+        self.action, self.by = action, by
+
+
+def _verb(action: str) -> str:
+    return {"suspend_kernel": "the suspend was", "resume_kernel": "the resume was"}.get(action, f"{action} was")
+
+
+def _done(action: str) -> str:
+    return {"restart_kernel": "restarted", "shutdown_kernel": "shut down"}.get(action, action)
+
+
+@dataclass
+class _InFlight:
+    method: str
+    outcome: asyncio.Future  # what every caller of this action gets
+    work: asyncio.Task | None = None  # the method itself, cancelled when pre-empted
+    preempted_by: str | None = None
+    preempted: str | None = None  # the action this one stopped before it ran
+
+
 class Actions:
     """One action per kernel at a time (see the module's docstring)."""
 
-    def __init__(self, mkm, methods: dict):
-        self.mkm = mkm
+    def __init__(self, mkm, methods: dict, preempts: dict | None = None, log=None):
+        self.mkm, self.log = mkm, log
         self._next = methods  # method name -> the wrapped kernel manager's own method
-        self._inflight: dict[str, tuple[str, asyncio.Future]] = {}  # kernel id -> (method, outcome)
+        self._preempts = preempts or {}  # method name -> the methods in flight it cancels
+        self._inflight: dict[str, _InFlight] = {}  # kernel id -> the action in flight
 
     def busy(self, kernel_id: str) -> str | None:
         """The method in flight on this kernel, if any."""
         current = self._inflight.get(kernel_id)
-        return current[0] if current else None
+        return current.method if current else None
+
+    def preempted(self, kernel_id: str) -> str | None:
+        """The action that the one now running on this kernel stopped, if any."""
+        current = self._inflight.get(kernel_id)
+        return current.preempted if current else None
 
     async def run(self, method: str, kernel_id: str, *args, wait: bool = True, **kwargs):
-        """Run `method` on the kernel once no other action is in flight on it; with wait=False,
-        raise Busy instead of waiting. Gone when the kernel ended while this one waited."""
-        waited = False
+        """Run `method` on the kernel once no other action is in flight on it (pre-empting one it
+        stops, wait or not); with wait=False, raise Busy instead of waiting. Gone when the kernel ended
+        while this one waited; Preempted when another action stopped this one."""
+        waited, stopped = False, None
         while (current := self._inflight.get(kernel_id)) is not None:
-            running, outcome = current
-            if not wait:
-                raise Busy(running)
-            if running == method:
-                return await asyncio.shield(outcome)
-            await asyncio.wait([outcome])  # its outcome is its own callers'; then our turn
+            if self._stop(current, method):
+                stopped = current.method  # not a wait: it ends as soon as its cancellation has unwound
+            elif not wait:
+                raise Busy(current.method)
+            elif current.method == method:
+                return await asyncio.shield(current.outcome)
+            await asyncio.wait([current.outcome])  # its outcome is its own callers'; then our turn
             waited = True
         if waited and kernel_id not in self.mkm:
             raise Gone(kernel_id)
-        outcome = asyncio.get_running_loop().create_future()
-        self._inflight[kernel_id] = (method, outcome)
+        entry = _InFlight(method, asyncio.get_running_loop().create_future(), preempted=stopped)
+        self._inflight[kernel_id] = entry
+        if stopped and self.log is not None:
+            self.log.warning("gpuctx: kernel %s: %s stopped its %s in flight; its process is stopped at once",
+                             kernel_id, method.replace("_kernel", ""), stopped.replace("_kernel", ""))
         try:
-            result = await ensure_async(self._next[method](kernel_id, *args, **kwargs))
+            entry.work = asyncio.ensure_future(ensure_async(self._next[method](kernel_id, *args, **kwargs)))
+            try:
+                await asyncio.wait([entry.work])
+            except asyncio.CancelledError:  # our caller gave up: so does the method, before the next action
+                entry.work.cancel()
+                await asyncio.wait([entry.work])
+                raise
+            if entry.work.cancelled():
+                raise Preempted(method, entry.preempted_by or "stopped")
+            result = entry.work.result()
             if isinstance(result, asyncio.Future) and not result.done():
                 await self._until_answered(kernel_id, result)
         except asyncio.CancelledError:
-            outcome.cancel()
+            entry.outcome.cancel()
             raise
         except BaseException as exc:
-            outcome.set_exception(exc)
-            outcome.exception()  # retrieved: a failure nobody joined is not "never retrieved"
+            entry.outcome.set_exception(exc)
+            entry.outcome.exception()  # retrieved: a failure nobody joined is not "never retrieved"
             raise
         else:
-            outcome.set_result(result)
+            entry.outcome.set_result(result)
             return result
         finally:
-            if self._inflight.get(kernel_id, (None, None))[1] is outcome:
+            if self._inflight.get(kernel_id) is entry:
                 del self._inflight[kernel_id]
+
+    def _stop(self, entry: _InFlight, by: str) -> bool:
+        """Cancel `entry` if `by` pre-empts it (once); whether it does."""
+        if entry.method not in self._preempts.get(by, ()) or entry.work is None:
+            return False
+        if entry.preempted_by is None:
+            entry.preempted_by = by
+            entry.work.cancel()
+        return True
+
+    def stop_all(self, by: str) -> None:
+        """Pre-empt every action in flight that `by` pre-empts (the server's shutdown, before it
+        awaits its background tasks: a hung suspend must not hold it up)."""
+        for entry in list(self._inflight.values()):
+            self._stop(entry, by)
 
     async def _until_answered(self, kernel_id: str, restarted: asyncio.Future) -> None:
         """A restart is in flight until the new kernel answers kernel_info. jupyter_server's restart
@@ -139,7 +212,7 @@ class Lifecycle:
                    "shutdown_kernel": self._shutdown}
         if suspend is not None:
             methods.update(suspend_kernel=suspend.suspend, resume_kernel=suspend.resume)
-        self.actions = Actions(mkm, methods)
+        self.actions = Actions(mkm, methods, PREEMPTS if suspend is not None else None, log=getattr(mkm, "log", None))
 
     def install(self) -> None:
         mkm = self.mkm
@@ -173,12 +246,15 @@ class Lifecycle:
 
     async def _at_once_if_suspended(self, method: str, kernel_id, *args, **kwargs):
         """A suspended kernel's process is stopped at once: asked to exit politely it would wait,
-        checkpointed, for the CUDA teardown (and a restart must not restore it first)."""
-        suspended = self.suspend is not None and self.suspend.is_suspended(kernel_id)
-        if suspended and not args:
+        checkpointed, for the CUDA teardown (and a restart must not restore it first). So is one
+        whose suspend or resume this action pre-empted: it may be locked or checkpointed, and its
+        control thread may be what hung."""
+        at_once = self.suspend is not None and (self.suspend.is_suspended(kernel_id)
+                                                or self.actions.preempted(kernel_id) is not None)
+        if at_once and not args:
             kwargs["now"] = True
         result = await ensure_async(self._own[method](kernel_id, *args, **kwargs))
-        if suspended:
+        if at_once:
             self.suspend.forget(kernel_id)
         return result
 
@@ -199,5 +275,6 @@ class Lifecycle:
             await self.pool.close()
         for stop in self.on_shutdown:
             stop()
+        self.actions.stop_all("shutdown_kernel")  # suspends and resumes in flight: their kernels stop next
         await self.background.drain()
         return await ensure_async(self._own["shutdown_all"](*args, **kwargs))

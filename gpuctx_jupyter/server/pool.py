@@ -13,10 +13,11 @@ The automatic pool (the default, `pool_size` unset) keeps
 `pool_size` = N keeps N gpu standbys per `pool_kernelspecs` entry instead (0: no pool).
 
 All standbys together stay within `standby_memory_fraction` of the host memory available (the
-container's limit where one applies); none starts while the host is short, and they go first when
-memory gets short. No standby's start slows a running cell (giving_way.py): starting standbys are
-paused while cells run (on a machine with more than `standby_pause_cores` cores, for their first
-`standby_yield_s` s, then they go on at the lowest CPU priority).
+container's limit where one applies; standby_memory.py); none starts while the host is short, and
+they go first when memory gets short (the GPU floors keep out gpu standbys only). No standby's
+start slows a running cell (giving_way.py): starting standbys are paused while cells run (on a
+machine with more than `standby_pause_cores` cores, for their first `standby_yield_s` s, then they
+go on at the lowest CPU priority).
 
 A launch (provisioner.py) takes the standby whose imports cover the notebook best, unless the
 notebook's set-up must run before those imports, its folder shadows one of them, or an environment
@@ -43,19 +44,18 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_core.utils import ensure_async
 
 from ..contract import SESSION, STANDBY, STANDBY_RECIPE, WORKER_IMPORTS, WarmSettings, opted_out
-from ..core import host_memory
 from . import standby as sb
 from .giving_way import GivingWay
 from .import_profile import ImportProfile, recent_notebooks
 from .launch import Launcher
 from .reserve import RESERVE, WARMED_KERNEL_MIB, Reserve
 from .standby import Standby, StandbyFailed
+from .standby_memory import StandbyMemory
 from .tasks import Background
 
 EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no gpu standby is started for this long
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
 HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
-IMPORT_STANDBY_GUESS = 1 << 30  # host memory an imports standby is counted at before one has run
 
 # The log of the standbys' own kernel managers: what they would say (a failed launch's traceback,
 # each time it is retried) the pool says itself, in one line per change of state.
@@ -97,9 +97,10 @@ class Pool:
         self.health: dict[str, SpecHealth] = {}
         self.unsupported: dict[str, str] = {}  # kernelspec -> why the pool keeps no standby for it
         self._paused: dict[int, float] = {}  # GPU ordinal -> no gpu refill there before (monotonic)
-        self._short: str | None = None  # why no standby may start now (memory), while that lasts
+        self._short: str | None = None  # why no gpu standby may start now (memory), while that lasts
+        self._short_host: str | None = None  # why no standby at all may (the host's memory)
         self._import_specs: set[str] = {getattr(mkm, "default_kernel_name", "python3") or "python3"}
-        self._rss_seen = IMPORT_STANDBY_GUESS
+        self.mem = StandbyMemory(cfg, profile)  # the standbys' share of host memory
         self.giving_way = GivingWay(mkm, cfg)
         self._taking = asyncio.Lock()
 
@@ -161,16 +162,7 @@ class Pool:
 
     def memory(self) -> dict:
         """Host memory: what standbys hold, and the budget they share."""
-        used = sum(s.rss() or 0 for s in self.standbys)
-        mem = host_memory.available()
-        budget = int(self.cfg.standby_memory_fraction * ((mem.available if mem else 0) + used))
-        return {"standbys": used, "budget": budget, "available": mem.available if mem else None,
-                "limit": mem.limit if mem else None}
-
-    def _fits_memory(self, kind: str) -> bool:
-        m = self.memory()
-        guess = self._rss_seen if kind == "imports" else IMPORT_STANDBY_GUESS
-        return m["available"] is None or m["standbys"] + guess <= m["budget"]
+        return self.mem.of(self.standbys)
 
     # -- the API's view -----------------------------------------------------------------------------
     def status(self) -> dict:
@@ -235,8 +227,9 @@ class Pool:
                     f"(~{WARMED_KERNEL_MIB} MiB each)")
         if name in self.unsupported:
             return self.unsupported[name]
-        if self._short:
-            return self._short
+        short = self._short_host if self.imports_on and name in self._import_specs else self._short
+        if short:  # (an imports standby holds no GPU memory: only the host's memory keeps it out)
+            return short
         if health.error:
             wait = max(0.0, health.retry_at - now)
             return (f"standbys fail to start ({health.failures} in a row): {health.error}; "
@@ -245,7 +238,7 @@ class Pool:
             return "a GPU ran short of memory: standbys were stopped to free it, refilling later"
         if any(n for (k, _), n in self._starting.items() if k == name):
             return "a standby is starting"
-        if not self._fits_memory("imports"):
+        if not self.mem.fits(self.standbys, "imports"):
             return (f"standbys would hold more than standby_memory_fraction={self.cfg.standby_memory_fraction:g} "
                     "of the host memory available")
         if self.giving_way.holding_starts:
@@ -272,10 +265,12 @@ class Pool:
                     record = self.launcher.launched.get(nb.kernel_id)
                     if record is not None:
                         self._import_specs.add(record.kernel_name)
-        self._short = self.reserve.short()
+        self._short_host = self.reserve.short_host()
+        self._short = self._short_host or self.reserve.short_gpu()
         for s in list(self.standbys):
             if s.state not in ("booting", "ready"):
                 continue
+            self.mem.look(s)
             dead = s.ready and not s.alive()
             old = self.cfg.pool_max_age and now - s.started > self.cfg.pool_max_age
             unwanted = self.auto and s.kind == "gpu" and s.kernel_name not in self.reserve.notebooks
@@ -300,15 +295,16 @@ class Pool:
                        and not (kind == "imports" and self._outdated(s)))
             have += self._starting.get((name, kind), 0)
             health = self.health.setdefault(name, SpecHealth())
-            if (have < target and now >= health.retry_at and name not in self.unsupported and not self._short
-                    and not (kind == "gpu" and gpu_paused) and self._fits_memory(kind)
+            short = self._short_host if kind == "imports" else self._short  # imports: no GPU memory
+            if (have < target and now >= health.retry_at and name not in self.unsupported and not short
+                    and not (kind == "gpu" and gpu_paused) and self.mem.fits(self.standbys, kind)
                     and not self.giving_way.holding_starts):
                 self._starting[(name, kind)] = self._starting.get((name, kind), 0) + 1
                 self.background.spawn(self._spawn(name, kind), f"starting a standby {name} kernel")
 
     def _outdated(self, s: Standby) -> bool:
         """An imports standby that lacks modules the profile has since learnt."""
-        return bool(set(self.profile.modules()) - set(s.profile)) if self.profile else False
+        return bool(set(self.profile.modules(s.kernel_name)) - set(s.profile)) if self.profile else False
 
     def _replaced(self, s: Standby) -> bool:
         """An outdated imports standby, once an up-to-date one of its kernelspec is ready."""
@@ -317,20 +313,22 @@ class Pool:
 
     async def _keep_the_floor(self) -> None:
         """Stop the standbys on a GPU whose free memory fell below the floor, every standby when the
-        host runs short of memory, and the newest ones while they hold more than their budget."""
-        short_host = self._short is not None and self._short.startswith("the host")
+        host runs short of memory, and the newest ones while they hold more than their budget (one
+        still starting counts as a failure: backoff, and a profile trimmed to fit, standby_memory.py)."""
         for ordinal in sorted({o for s in self.standbys for o in self._gpus_of(s)}):
             if self.reserve.below_floor(ordinal):
                 await self.evict(ordinal)
-        if short_host and self.standbys:
+        if self._short_host and self.standbys:
             gone = list(self.standbys)
-            self.log.info("gpuctx pool: %s: stopping %d standby(s)", self._short, len(gone))
+            self.log.info("gpuctx pool: %s: stopping %d standby(s)", self._short_host, len(gone))
             await asyncio.gather(*(self._stop(s) for s in gone))
         m = self.memory()
         while self.standbys and m["available"] is not None and m["standbys"] > m["budget"]:
             newest = max(self.standbys, key=lambda s: s.started)
             self.log.info("gpuctx pool: standbys hold %.1f GiB, more than their share of host memory (%.1f GiB): "
                           "stopping standby %s", m["standbys"] / 2**30, m["budget"] / 2**30, newest.pid)
+            if newest.state == "booting":  # it outgrew the budget while starting: not again every tick
+                self._failed(newest.kernel_name, self.mem.outgrew(newest, m))
             await self._stop(newest)
             m = self.memory()
 
@@ -384,9 +382,7 @@ class Pool:
                 if kind == "imports" and (report.get("cuda_started") or "context" in self._cuda_of(report)):
                     raise StandbyFailed("its imports created a CUDA context (dropped from the import profile)")
                 standby.state = "ready"
-                rss = standby.rss()
-                if kind == "imports" and rss:
-                    self._rss_seen = rss
+                self.mem.ready(standby)
                 self._recovered(name)
                 self.log.info("gpuctx pool: standby %s kernel ready (pid %s, %s)", name, standby.pid,
                               f"{len(standby.imports)} imports" if kind == "imports" else "GPU-warm")
@@ -410,7 +406,7 @@ class Pool:
             name = str(st.get("name", ""))
             if st.get("kind") == "import" and name.startswith("import "):
                 self.profile.outcome(name.split()[1], st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
-                                     st.get("detail", ""))
+                                     st.get("detail", ""), kernel_name=s.kernel_name, paused_s=s.paused_s)
         self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
                               "saving the import profile")
 
@@ -433,7 +429,7 @@ class Pool:
                 self._import_specs.discard(name)
                 self.log.info("gpuctx pool: no imports standby for %s: no GPU framework is installed there", name)
                 return None
-            profile = tuple(self.profile.modules())
+            profile = tuple(self.profile.modules(name))
             settings = WarmSettings(policy="always", recipe=STANDBY_RECIPE, source="the warm pool (imports standby)",
                                     imports=list(profile), opt_out=settings.opt_out,
                                     import_budget=self.cfg.import_profile_seconds)
@@ -558,6 +554,7 @@ class Pool:
 
     # -- stopping --------------------------------------------------------------------------------------
     async def _stop(self, s: Standby) -> None:
+        self.mem.forget(s)
         if s in self.standbys:
             self.standbys.remove(s)
         try:

@@ -120,8 +120,10 @@ class GpuctxProvisioner(LocalProvisioner):
             return None, ""
         env = kwargs.get("env") or {}
         restart = km.kernel_id in at.launcher.started
-        if not restart and at.launcher.cfg.assign_devices != "off":
-            return None, ""  # the server picks each new kernel's GPU: start it there
+        # With assign_devices, a new kernel's GPU is the server's pick (GPUCTX_DEVICE in `env`): an
+        # imports standby that has not started the CUDA driver takes it at the hand-over; the pool
+        # refuses a gpu standby warmed on another GPU, and standby.differing_environment one that
+        # started the driver.
         if not await pool.fits(env):
             return None, ""
         return await pool.take(km.kernel_name, env, kwargs.get("cwd") or os.getcwd(), restart)

@@ -13,7 +13,11 @@ first (`pool.evict(ordinal)`), then the caches of this server's kernels on it th
 (no user activity) for release_idle_seconds; with release_idle_after set, any kernel idle that long
 has its cache released whatever the pressure. A kernel is released once per idle stretch: again
 only after it has been active since. With c.GpuctxServer.pressure_action = "suspend" the idle
-kernels are suspended instead (`release_kernel` is then suspend.py's, `action` says so).
+kernels are suspended instead (`release_kernel` is then suspend.py's, `action` says so). Each
+release or suspend runs as a background task of its own (one per kernel at a time), so the round
+goes on at once — a suspend takes about a minute for a full H200 — and one that fails (the kernel
+shut down since the round began) is an answer like any other: `{"status": "error", "reason"}`,
+logged once, kept in `history`, the others released all the same.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from ..contract import RELEASE_REPLY, RELEASE_REQUEST
 from ..contract.holders import Holder
 from ..core.inventory import Inventory
 from . import kernel_query
+from .tasks import Background
 
 
 async def release(kernel, timeout: float) -> dict:
@@ -49,7 +54,7 @@ class PressureRelease:
     def __init__(self, below_free_fraction: float, idle_seconds: float, idle_after: float,
                  release_kernel: ReleaseKernel, evict: Evict | None = None, clock=time.time, log=None,
                  min_cache: int = 64 * 2**20, recent_oom: Callable[[int], bool] | None = None,
-                 action: str = "release"):
+                 action: str = "release", background: Background | None = None):
         self.below, self.idle_seconds, self.idle_after = below_free_fraction, idle_seconds, idle_after
         self.release_kernel, self.evict, self.clock, self.log = release_kernel, evict, clock, log
         self.min_cache = min_cache
@@ -58,6 +63,7 @@ class PressureRelease:
         self.action = action  # or "suspend" (c.GpuctxServer.pressure_action): what release_kernel does
         self.released: dict[str, float | None] = {}  # kernel id -> its last_activity when released
         self.history: list[dict] = []  # what was released, newest last (bounded)
+        self.background = background or Background(log)  # the extension's: awaited at server shutdown
 
     def _due(self, h: Holder, now: float, idle_for: float) -> bool:
         if h.standby or h.execution_state == "busy":
@@ -69,9 +75,10 @@ class PressureRelease:
             return False  # released in this idle stretch already
         return True
 
-    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[dict]:
+    async def __call__(self, inv: Inventory, holders: list[Holder], held: dict[str, dict[int, int]]) -> list[str]:
+        """Evict standbys where a GPU runs short, then start releasing (or suspending) the kernels
+        due; the ids of those started (each outcome is logged, and kept in `history`, once it ends)."""
         now = self.clock()
-        done: list[dict] = []
         short, why_short = [], {}
         for d in inv.devices:
             r = d.record
@@ -102,6 +109,7 @@ class PressureRelease:
                 reasons[h.id] = why_short[pressured[0]]
             elif self.idle_after > 0 and self._due(h, now, self.idle_after):
                 reasons[h.id] = f"idle longer than release_idle_after={self.idle_after:g} s"
+        started = []
         for h in holders:
             if h.id not in reasons:
                 continue
@@ -109,26 +117,32 @@ class PressureRelease:
             if self.action == "release" and cached and sum(cached) < self.min_cache:
                 self.released[h.id] = h.last_activity  # nothing worth asking for until it is active again
                 continue
-            answer = await self.release_kernel(h.id)
-            self.released[h.id] = h.last_activity
-            entry = {"kernel_id": h.id, "label": h.label(), "why": reasons[h.id], "time": now,
-                     "idle_s": h.idle_at(now, now), "action": self.action,
-                     **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
-            done.append(entry)
-            what = "of cached GPU memory in" if self.action == "release" else "of GPU memory by suspending"
-            if answer.get("status") == "ok":
-                self._log("info", "gpuctx: released %s %s %s (kernel %s, idle %s s): %s",
-                          gib(answer.get("released_total")), what, h.label(), h.id, int(entry["idle_s"] or 0),
-                          reasons[h.id])
-            else:
-                self._log("warning", "gpuctx: could not %s %s (kernel %s): %s",
-                          "release the cache of" if self.action == "release" else "suspend", h.label(), h.id,
-                          answer.get("reason"))
+            if self.background.spawn_once(h.id, lambda h=h, why=reasons[h.id]: self._release(h, why, now),
+                                          f"{self.action} of kernel {h.id}"):
+                self.released[h.id] = h.last_activity
+                started.append(h.id)
         live = {h.id for h in holders}
         for gone in [k for k in self.released if k not in live]:
             del self.released[gone]
-        self.history = (self.history + done)[-50:]
-        return done
+        return started
+
+    async def _release(self, h: Holder, why: str, now: float) -> None:
+        try:
+            answer = await self.release_kernel(h.id)
+        except Exception as exc:  # noqa: BLE001 — e.g. shut down since the round began: an answer, logged below
+            answer = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        entry = {"kernel_id": h.id, "label": h.label(), "why": why, "time": now,
+                 "idle_s": h.idle_at(now, now), "action": self.action,
+                 **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
+        self.history = (self.history + [entry])[-50:]
+        what = "of cached GPU memory in" if self.action == "release" else "of GPU memory by suspending"
+        if answer.get("status") == "ok":
+            self._log("info", "gpuctx: released %s %s %s (kernel %s, idle %s s): %s",
+                      gib(answer.get("released_total")), what, h.label(), h.id, int(entry["idle_s"] or 0), why)
+        else:
+            self._log("warning", "gpuctx: could not %s %s (kernel %s): %s",
+                      "release the cache of" if self.action == "release" else "suspend", h.label(), h.id,
+                      answer.get("reason"))
 
     def _log(self, level: str, *args) -> None:
         if self.log is not None:

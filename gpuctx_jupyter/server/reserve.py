@@ -4,8 +4,9 @@ the memory floors every pool keeps.
 The automatic reserve keeps RESERVE standby for each kernelspec that a running GPU notebook uses
 (a kernel gpuctx warms, whose notebook uses a GPU framework, running for `pool_reserve_after` s),
 warmed for the notebook used last on its device. Whatever the mode, no standby starts where it
-would leave a GPU below `pool_min_free_fraction` free or the host below HOST_FLOOR of its memory
-available; the GPUs are read from the holders round (holders.py), never by a sampler of our own.
+would leave the host below HOST_FLOOR of its memory available, and no gpu standby where it would
+leave a GPU below `pool_min_free_fraction` free (an imports standby holds no GPU memory); the GPUs
+are read from the holders round (holders.py), never by a sampler of our own.
 Which kernels are GPU notebooks' comes from what the launcher gave them and from their notebooks,
 read by the one notebook reader off the event loop.
 """
@@ -114,11 +115,16 @@ class Reserve:
                 return r.memory_free - adding < floor * r.memory_total
         return False
 
-    def short(self) -> str | None:
-        """Why no standby may start now (the host's memory, or the GPU the next one would use), or None."""
+    def short_host(self) -> str | None:
+        """Why no standby of any kind may start now (the host's memory), or None. An imports standby
+        holds no GPU memory: this is all that keeps it out."""
         host = host_memory_available()
         if host is not None and host < HOST_FLOOR:
             return f"the host has {host:.0%} of its memory available (the pool keeps at least {HOST_FLOOR:.0%})"
+        return None
+
+    def short_gpu(self) -> str | None:
+        """Why no gpu standby may start now on the GPU the next one would use (its floor), or None."""
         if self.holders.inventory is None:
             return "reading the GPUs' memory first"
         for ordinal in self.next_ordinals():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from jupyter_core.utils import ensure_async
 
-from ..contract import ADOPT_REPLY, ADOPT_REQUEST, DEVICE, REQUEST, SESSION
+from ..contract import ADOPT_REPLY, ADOPT_REQUEST, DEVICE, INDUCTOR_MODULE, REQUEST, SESSION
 from ..contract.notebook import Facts
 from ..core import host_memory, procs
 from . import jupyter_internals as internals
@@ -37,7 +37,18 @@ CUDA_STARTUP_VARS = (
     "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
 )
 PROCESS_START_VARS = ("LD_LIBRARY_PATH",)
-CUDA_SETUP_PREFIXES = ("CUDA_", "NVIDIA_", "PYTORCH_CUDA", "PYTORCH_NVML", "XLA_")  # read when CUDA starts
+# Settings a notebook may make before its imports and still adopt an imports standby that has not
+# started the CUDA driver: read only when CUDA (or JAX's backend) starts or on each call, never by an
+# import (checked against torch's and JAX's sources). Any other setting may have been read already by
+# what the standby imported — not only the notebook's own imports but what they import in turn (torch
+# imported numpy, whose OpenBLAS read OMP_NUM_THREADS when it loaded), which nobody can list without
+# importing them: such a notebook gets a fresh kernel.
+READ_WHEN_CUDA_STARTS = (
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING", "CUDA_LAUNCH_BLOCKING",
+    "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK",
+    "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+)
+LOADED_BEFORE_ANY_CODE = frozenset({"__future__", "builtins", "os", "sys"})  # importing them again reads nothing
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
 WARM_TIMEOUT_S = 180.0  # a standby still warming up by then counts as ready anyway
 HAND_OVER_TIMEOUT_S = 10.0
@@ -131,28 +142,36 @@ class Standby:
 
 
 def differing_environment(s: Standby, env: dict) -> list[str]:
-    """The start-up variables that differ between a standby and a launch (empty: it can serve)."""
+    """The start-up variables that differ between a standby and a launch (empty: it can serve).
+    An imports standby that has started the CUDA driver serves only a launch on its own device
+    (GPUCTX_DEVICE: a gpu standby's is the pool's to compare); one that has not takes the launch's
+    device at the hand-over (kernel/adoption.py)."""
     names = CUDA_STARTUP_VARS if (s.kind == "gpu" or s.driver) else PROCESS_START_VARS
+    if s.kind == "imports" and s.driver:
+        names = (*names, DEVICE)
     return [v for v in names if s.env.get(v) != env.get(v)]
 
 
 def unsafe_setup(s: Standby, facts: Facts) -> str | None:
     """Why the notebook's set-up must run before what the standby has imported, if it must: a
-    setting or change (environment, sys.path, working directory, installs) before one of its
-    imports. Settings CUDA reads when it starts are safe while the standby has not started it."""
+    setting or change (environment, sys.path, working directory, installs) followed by any import
+    (other than os and sys, loaded before any code runs). Which modules a later import loads, and
+    which libraries read a variable when they load, cannot be known without importing them, so the
+    standby's own list of imports proves nothing. The one exception: the settings CUDA reads when
+    it starts, in an imports standby that has not started it (READ_WHEN_CUDA_STARTS)."""
     if s.kind == "gpu" and s.notebook and s.notebook == facts.path:
         return None  # warmed with this very notebook's plan, which applies or respects its set-up
     pending = None
     for ev in facts.events:
         if ev.kind == "env":
             name = (ev.env or ("", None))[0]
-            if name and name.startswith(CUDA_SETUP_PREFIXES) and not s.driver and s.kind == "imports":
+            if name in READ_WHEN_CUDA_STARTS and s.kind == "imports" and not s.driver:
                 continue
             pending = pending or (f"the notebook sets {name or 'environment variables'} at {ev.where} before its "
-                                  "imports, which a kernel that imported them ahead would not see")
+                                  "imports, which a kernel with libraries imported ahead may have read already")
         elif ev.kind == "barrier":
             pending = pending or f"the notebook's set-up at {ev.where} ({ev.why}) comes before its imports"
-        elif ev.kind == "import" and pending and ev.module.split(".")[0] in {m.split(".")[0] for m in s.imported()}:
+        elif ev.kind == "import" and pending and ev.module.split(".")[0] not in LOADED_BEFORE_ANY_CODE:
             return pending
     return None
 
@@ -167,14 +186,19 @@ def shadowed(s: Standby, cwd: str) -> str | None:
 
 
 def needed(facts: Facts) -> set[str]:
-    """The notebook's top-level imports of modules beyond the standard library."""
+    """The notebook's top-level imports of modules beyond the standard library, and what its first
+    torch.compile imports (as the import profile learns it)."""
     return {e.module for e in facts.imports()
-            if e.module.split(".")[0] not in sys.stdlib_module_names and e.module.split(".")[0] != "__future__"}
+            if e.module.split(".")[0] not in sys.stdlib_module_names and e.module.split(".")[0] != "__future__"
+            } | ({INDUCTOR_MODULE} if "torch_compile" in facts.signals else set())
 
 
 def covered(s: Standby, wanted: set[str]) -> int:
+    """How well `s` covers the modules wanted: one it imported itself counts twice, one whose
+    package it imported once (that package may or may not import it: torch imports torch.nn, not
+    inductor)."""
     have = s.imported()
-    return sum(1 for m in wanted if m in have or m.split(".")[0] in have)
+    return sum(2 if m in have else 1 if m.split(".")[0] in have else 0 for m in wanted)
 
 
 # -- its life ------------------------------------------------------------------------------------------

@@ -22,8 +22,11 @@ resume racing a restart, is answered 409 rather than run. Suspend:
    before and after), the host memory it now takes, and each step's time.
 
 Resume (POST …/resume, the Resume button) asks the kernel to restore itself (RESUME), and falls
-back to the helper when the kernel cannot answer. A kernel that resumed itself for a cell is
-noticed by `watch` (activity since the suspend, then the kernel's own answer), which forgets it.
+back to the helper when the kernel cannot answer (asked first whether it answers at all, within
+kernel_query_timeout: its reply to RESUME comes only after the restore). A restart or shutdown of
+the kernel pre-empts a suspend or resume in flight (lifecycle.py): its callers get a 409 that
+says so. A kernel that resumed itself for a cell is noticed by `watch` (activity since the
+suspend, then the kernel's own answer), which forgets it.
 A suspended kernel is shut down or restarted at once (the lifecycle asks `is_suspended`): its
 process would otherwise be asked to exit politely and wait, checkpointed, for the CUDA teardown —
 and nothing in it is lost that the polite way would keep (a restart does not restore first).
@@ -46,10 +49,10 @@ from ..core import host_memory
 from ..core.checkpoint import CANCELLED, Outcome, Support
 from ..core.inventory import Inventory
 from ..core.procs import owner
-from . import attribution, kernel_client
+from . import attribution, kernel_client, kernel_query
 from .checkpointer import Checkpointer
 from .kernel_client import kernel_pid
-from .lifecycle import Busy, Gone
+from .lifecycle import Busy, Gone, Preempted
 from .snapshot import session_paths
 
 GIB = 2**30
@@ -125,6 +128,8 @@ async def run(actions, action: str, kernel_id: str, by: str = "api") -> dict:
         raise Refused(409, str(exc)) from None
     except Gone:
         raise Refused(404, f"kernel {kernel_id!r} was shut down meanwhile") from None
+    except Preempted as exc:  # a restart or shutdown of the kernel stopped it (its helper killed)
+        raise Refused(409, str(exc)) from None
 
 
 class SuspendManager:
@@ -358,6 +363,12 @@ class SuspendManager:
                                                                                           else {}).items()}}
 
     async def _ask_kernel_to_resume(self, kernel) -> dict | None:
+        """The kernel's own resume, or None when it cannot answer (then the helper restores it).
+        The kernel answers RESUME only once it has restored itself (a minute for a full H200), so
+        whether it answers at all is asked first, within kernel_query_timeout: a kernel whose
+        control thread is stuck, or that lacks gpuctx, is not given suspend_timeout to say nothing."""
+        if (await kernel_query.ask(kernel, self.cfg.kernel_query_timeout)).get("status") != "ok":
+            return None
         try:
             reply = await kernel_client.request(kernel, "control", contract.RESUME_REQUEST, {},
                                                 self.cfg.suspend_timeout)

@@ -56,6 +56,21 @@ class FakeCuda:
         path = self.dir / f"{pid}.busy"
         path.write_text("") if on else path.unlink(missing_ok=True)
 
+    def hang(self, pid: int, step: str, on: bool = True) -> None:
+        """The `step` on `pid` does not return while this is on (a driver call that hangs)."""
+        path = self.dir / f"{pid}.hang.{step}"
+        path.write_text("") if on else path.unlink(missing_ok=True)
+
+    def hanging(self, pid: int, step: str) -> bool:
+        """Whether a call of `step` on `pid` has entered a hang (and not come out: a helper killed
+        there leaves this true)."""
+        return (self.dir / f"{pid}.hanging.{step}").exists()
+
+    def unhang_all(self) -> None:
+        """End every hang (a test's clean-up: helpers left waiting then finish)."""
+        for path in self.dir.glob("*.hang.*"):
+            path.unlink(missing_ok=True)
+
     def log(self) -> list[tuple[str, int, int, float]]:
         """Every call so far: (step, pid, result, epoch seconds)."""
         try:

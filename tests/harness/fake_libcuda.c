@@ -10,6 +10,8 @@
  *   <pid>.fail.<step>  "<CUresult> [<state left>]": that step fails (once, the file is removed)
  *   <pid>.busy         the process is inside a CUDA call: lock waits its timeout, then fails with
  *                      CUDA_ERROR_NOT_READY and leaves it running (as the driver did)
+ *   <pid>.hang.<step>  that step does not return while the file exists (a driver call that hangs);
+ *                      <pid>.hanging.<step> exists while one waits there
  * and read what happened in $GPUCTX_FAKE_CUDA_DIR/log, one line per call:
  * "<step> <pid> <result> <epoch seconds>".
  * What the driver answered, and so what this answers: a step from the wrong state ILLEGAL_STATE;
@@ -99,8 +101,25 @@ static int unreachable(int pid) {
 
 static int initialized = 0;
 
+/* A hang the test asked for: wait while <pid>.hang.<step> exists, saying so in <pid>.hanging.<step>. */
+static void planned_hang(int pid, const char *step) {
+    char p[512], marker[512];
+    char suffix[64];
+    snprintf(suffix, sizeof suffix, ".hang.%s", step);
+    path(p, sizeof p, pid, suffix);
+    if (access(p, F_OK) != 0) return;
+    snprintf(suffix, sizeof suffix, ".hanging.%s", step);
+    path(marker, sizeof marker, pid, suffix);
+    FILE *f = fopen(marker, "w");
+    if (f) fclose(f);
+    struct timespec ts = { 0, 20 * 1000000L };
+    while (access(p, F_OK) == 0) nanosleep(&ts, NULL);
+    unlink(marker);
+}
+
 static int transition(const char *step, int pid, int from, int to) {
     if (!initialized) return log_result(step, pid, NOT_INITIALIZED);
+    planned_hang(pid, step);
     int gone = unreachable(pid);
     if (gone) return log_result(step, pid, gone);
     int state = read_state(pid);

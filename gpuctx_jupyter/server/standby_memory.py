@@ -1,0 +1,85 @@
+"""The standbys' share of host memory (pool.py): the budget they share, what the next standby is
+counted at, what each import of an imports standby added, and what is left out of the import
+profile when a starting standby outgrows the budget.
+
+An imports standby's size is known only once one has run: the first is counted at
+IMPORT_STANDBY_GUESS, later ones at what the last one reached — ready, or stopped while starting
+because it outgrew the budget. In that case the import profile is trimmed for its kernelspec (its
+heaviest learnt modules, as measured, left out) so that the next one fits; where what was measured
+cannot make it fit, it is counted at what it reached, and none starts again until memory is freed
+(without this the pool started the same standby, and stopped it, every second). What an import
+added is read while the standby imports: the growth of its resident memory between two looks (the
+pool's tick, every second) split over the imports it finished meanwhile, kept in the profile.
+"""
+from __future__ import annotations
+
+from ..core import host_memory
+from .import_profile import ImportProfile
+
+IMPORT_STANDBY_GUESS = 1 << 30  # host memory an imports standby is counted at before one has run
+
+
+class StandbyMemory:
+    def __init__(self, cfg, profile: ImportProfile | None):
+        self.cfg, self.profile = cfg, profile
+        self.seen = IMPORT_STANDBY_GUESS  # what the next imports standby is counted at
+        self._looks: dict[int, tuple[int, frozenset[str]]] = {}  # id(standby) -> (rss, its imports done)
+
+    def of(self, standbys) -> dict:
+        """Host memory: what `standbys` hold, and the budget they share."""
+        used = sum(s.rss() or 0 for s in standbys)
+        mem = host_memory.available()
+        budget = int(self.cfg.standby_memory_fraction * ((mem.available if mem else 0) + used))
+        return {"standbys": used, "budget": budget, "available": mem.available if mem else None,
+                "limit": mem.limit if mem else None}
+
+    def fits(self, standbys, kind: str) -> bool:
+        """Whether one more standby of `kind` fits beside `standbys`."""
+        m = self.of(standbys)
+        guess = self.seen if kind == "imports" else IMPORT_STANDBY_GUESS
+        return m["available"] is None or m["standbys"] + guess <= m["budget"]
+
+    def look(self, s) -> None:
+        """While an imports standby imports: what the imports it finished since the last look added."""
+        if s.kind != "imports" or s.state != "booting" or s.paused or not s.pid:
+            return
+        own = host_memory.rss(s.pid)
+        if own is None:
+            return
+        done = frozenset(s.imports)
+        last = self._looks.get(id(s))
+        self._looks[id(s)] = (own, done)
+        if last is None or self.profile is None:
+            return
+        new, grew = done - last[1], own - last[0]
+        for module in new if grew > 0 else ():
+            entry = self.profile.entries.get(module)
+            if entry is not None:
+                entry.memory = grew // len(new)
+
+    def ready(self, s) -> None:
+        """A standby is ready: an imports one is what the next is counted at."""
+        self._looks.pop(id(s), None)
+        rss = s.rss()
+        if s.kind == "imports" and rss:
+            self.seen = rss
+
+    def outgrew(self, s, m: dict) -> str:
+        """Starting standby `s` is stopped: the standbys held `m` (of()), more than their budget.
+        Remember what it reached and trim the profile for its kernelspec where that makes the next
+        one fit. Returns why, in a sentence (the pool's backoff and status say it)."""
+        self._looks.pop(id(s), None)
+        reached = s.rss() or 0
+        why = (f"a starting standby reached {reached / 2**30:.2f} GiB, more than the standbys' share of host memory "
+               f"({m['budget'] / 2**30:.2f} GiB, standby_memory_fraction={self.cfg.standby_memory_fraction:g})")
+        if s.kind != "imports":
+            return why
+        trimmed = self.profile.trim(s.kernel_name, s.profile, m["standbys"] - m["budget"]) if self.profile else []
+        freed = sum(self.profile.entries[x].memory or 0 for x in trimmed)
+        self.seen = reached - freed if trimmed else max(self.seen, reached)
+        if trimmed:
+            return f"{why}: its next standby leaves out {', '.join(trimmed)}"
+        return f"{why}: none starts again until memory is freed"
+
+    def forget(self, s) -> None:
+        self._looks.pop(id(s), None)
