@@ -155,7 +155,7 @@ print(_j.dumps({'memory': _inv.process_memory(_inv.take()),
                 'width': globals().get('width'),
                 'warmup': _m.warmer.status.as_dict() if _m else None,
                 'plan': _m.warmer.plan_lines() if _m else [],
-                'pooled': __import__('os').environ.get('GPUCTX_POOLED') is not None}))
+                'pooled': getattr(_m, 'pooled', None) is not None}))
 del _j, _s, _inv, _m, _try, _t, _d, _segments"""
 
 

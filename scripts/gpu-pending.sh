@@ -3,7 +3,8 @@
 # Run from the repository root, one part per command (set up as scripts/gpu-check.sh: .devwheels/):
 #
 #   scripts/gpu-pending.sh tests-warmup   # GPU tests of the warm-up, preloading, typed cells, threads, magics
-#   scripts/gpu-pending.sh tests-server   # GPU tests of NVML, the monitor, out-of-memory, the server, suspend
+#   scripts/gpu-pending.sh tests-server   # GPU tests of NVML, the monitor, out-of-memory, the server, suspend,
+#                                         # an adopted standby on its assigned GPU
 #   scripts/gpu-pending.sh tests-workers  # GPU tests of `%gpu workers`
 #   scripts/gpu-pending.sh readiness      # open → ready, warming off against on (12 opens, 12 direct starts
 #                                         # each), and what loading gpuctx costs there, module by module
@@ -22,7 +23,7 @@ case "$part" in
       tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py ;;
   tests-server)
     scripts/gpu-check.sh tests --durations=15 tests/test_nvml.py tests/test_gpu_monitor.py tests/test_gpu_oom.py \
-      tests/test_gpu_server.py tests/test_gpu_suspend.py ;;
+      tests/test_gpu_server.py tests/test_gpu_suspend.py tests/test_adoption_safety.py ;;
   tests-workers)
     scripts/gpu-check.sh tests --durations=15 tests/test_gpu_workers.py tests/test_gpu_workers_forked.py \
       tests/test_gpu_workers_prepared.py ;;
@@ -37,5 +38,5 @@ case "$part" in
   runall)
     CASES=runall scripts/gpu-notebooks.sh 300 heavy_imports ;;
   *)
-    sed -n '2,15p' "$0"; exit 2 ;;
+    sed -n '2,16p' "$0"; exit 2 ;;
 esac

@@ -64,3 +64,45 @@ def test_typed_training_cells_are_warmed_on_the_device_before_they_run(tmp_path)
         assert status == 202 and answer["planned"] == 0, answer  # the loop needs nothing new
     finally:
         srv.stop()
+
+
+@pytest.mark.timeout(300)
+def test_typed_cells_that_choose_a_device_are_warmed_on_it_once_that_cell_has_run(tmp_path):
+    """A typed `%gpu use 0` has not run: nothing starts CUDA for it. Once its cell has run, the next
+    message warms that device (the GPU work that waited is planned again, not left skipped)."""
+    notebook(tmp_path / "new.ipynb", [])
+    srv = Server(str(tmp_path), ["--ServerApp.jpserver_extensions=gpuctx_jupyter=True",
+                                 "--MappingKernelManager.default_kernel_name=python3"],
+                 env={"GPUCTX_SERVER_POOL": "0"}).start()
+    cells = ["%gpu use 0\nimport torch\nimport torch.nn as nn", CELLS[1]]
+    try:
+        kid = srv.start_kernel(path="new.ipynb")
+        ks = srv.channels(kid)
+        ks.wait_ready()
+
+        def settled(after: int):
+            status, v = srv.api("GET", f"/gpuctx/api/kernels/{kid}")
+            plan = (v or {}).get("plan") or {} if status == 200 else {}
+            steps = {s["name"]: s for s in plan.get("steps", [])}
+            return (v if "as typed" in plan.get("reading", "") and len(steps) >= after
+                    and v["warmup"]["state"] in ("done", "skipped", "failed") else None)
+
+        status, answer = srv.api("PUT", f"/gpuctx/api/kernels/{kid}/cells", {"cells": cells})
+        assert status == 202 and answer["status"] == "ok", answer
+        first = wait_for(lambda: settled(2), timeout=180, every=0.25)
+        init = next(s for s in first["plan"]["steps"] if s["name"] == "cuda init")
+        assert init["state"] == "skipped" and "choose a device" in init["detail"], init
+        assert json.loads(ks.execute(PROBE).stdout)["cuda"] is False  # nothing started CUDA for a line not run
+        r = ks.execute(cells[0])
+        assert r.reply["status"] == "ok", r.stderr
+        status, answer = srv.api("PUT", f"/gpuctx/api/kernels/{kid}/cells", {"cells": cells})
+        assert status == 202 and answer["planned"] >= 2, answer
+        done = wait_for(lambda: (v := settled(2)) and any(s["name"] == "cuda init" and s["state"] == "done"
+                                                         for s in v["plan"]["steps"]) and v,
+                        timeout=180, every=0.25)
+        steps = {s["name"]: s for s in done["plan"]["steps"]}
+        for name in ("cuda init", "backward", "optimizer step (AdamW)"):
+            assert steps[name]["state"] == "done", (name, steps.get(name))
+        assert done["warmup"]["device"] == 0, done["warmup"]
+    finally:
+        srv.stop()

@@ -10,7 +10,7 @@ import pytest
 
 from gpuctx_jupyter.kernel.warm.import_gate import HOLD_MAX_S
 
-from .harness.kernels import run, stop
+from .harness.kernels import reply_to, run, stop
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
 from .harness.warm_kernels import kernel, plan_of, warmup_now
@@ -171,3 +171,47 @@ def test_a_cell_is_seen_to_import_a_package_whichever_way_its_import_is_written(
         assert imports_packages(source), source
     for source in ("import json, os", "from . import x", "print('import gpuctx_not_yet_imported')", "%pip install x"):
         assert not imports_packages(source), source
+
+
+def test_an_interrupt_while_a_cell_waits_for_the_warm_ups_import_stops_the_cell_as_interrupted(importing):
+    """A cell importing a package waits for the warm-up's import under way; Interrupt then stops it
+    as it stops any cell (KeyboardInterrupt, the cell's code not run) — no traceback of gpuctx's."""
+    kc, log = importing(modules=3000)  # ~30 s of import left
+    msg_id = kc.execute("import gpuctx_manymods\nprint('the cell ran')")
+    texts = []
+
+    def the_cell_began():
+        while True:
+            try:
+                msg = kc.get_iopub_msg(timeout=0.2)
+            except Exception:  # noqa: BLE001 — nothing more for now
+                return False
+            if msg["parent_header"].get("msg_id") == msg_id:
+                texts.append(msg["content"].get("text", ""))
+                if msg["msg_type"] == "execute_input":
+                    return True
+    assert wait_for(the_cell_began, timeout=30)
+    kc.control_channel.send(kc.session.msg("interrupt_request", {}))
+    reply = reply_to(kc, msg_id, timeout=10)["content"]  # not once the import is done
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    r = run(kc, "print(1 + 1)")  # the kernel works on
+    assert r.reply["status"] == "ok" and r.stdout.strip() == "2", r.stderr
+    while True:  # what the interrupted cell printed
+        try:
+            msg = kc.get_iopub_msg(timeout=0.2)
+        except Exception:  # noqa: BLE001
+            break
+        if msg["parent_header"].get("msg_id") == msg_id:
+            texts.append(msg["content"].get("text", "") + str(msg["content"].get("traceback", "")))
+    assert "the cell ran" not in "".join(texts) and "Error in callback" not in "".join(texts), texts
+
+
+def test_unloading_gpuctx_ends_the_warm_up_under_way(importing):
+    """`%unload_ext gpuctx` while the warm-up imports: its thread ends (the import itself finishes
+    in its own thread), and no step of it follows."""
+    kc, log = importing(modules=3000)
+    assert run(kc, "%unload_ext gpuctx").reply["status"] == "ok"
+    probe = "import threading; print([t.name for t in threading.enumerate() if t.name == 'gpuctx-warmup'])"
+    assert wait_for(lambda: run(kc, probe).stdout.strip() == "[]", timeout=10)
+    status = run(kc, "import IPython; print(IPython.get_ipython().__dict__.get('_gpuctx'))").stdout.strip()
+    assert status == "None"

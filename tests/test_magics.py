@@ -282,6 +282,66 @@ def test_on_gpu_semicolon_and_magics_inside(shell, nvml_records, clean_env):
     assert result.success and result.result is None and shell.user_ns["q"] == 42
 
 
+class StartedGpu(Framework):
+    """A framework that has started CUDA: its current device, and (as torch) its default device."""
+
+    def __init__(self, name):
+        self.name, self.module = name, f"gpuctx_test_started_{name}"
+        self.device, self.default = 0, None
+
+    def loaded(self):
+        return True
+
+    def initialized(self):
+        return True
+
+    def current(self):
+        return self.device
+
+    def set_current(self, ordinal):
+        self.device = ordinal
+
+    def default_device(self):
+        return None if self.default is None else f"cuda:{self.default}"
+
+    def set_default(self, ordinal, previous=None):
+        before = self.default_device()
+        self.default = ordinal if ordinal is not None else (int(previous.split(":")[1]) if previous else None)
+        return before
+
+
+@pytest.mark.parametrize("before, cell, after", [
+    ("", "%%on_gpu 1\n%gpu use 0", (0, False, None)),  # no choice before: the one made in the cell stays
+    ("use 0", "%%on_gpu 1\n%gpu use 2", (2, False, None)),  # JAX too goes to the new choice, not back to 0
+    ("use 0 --default", "%%on_gpu 1 --default\n%gpu use --no-default", (0, False, None)),
+    ("use 0", "%%on_gpu 1 --default\n%gpu use 2 --default", (2, True, 2)),
+])
+def test_gpu_use_inside_on_gpu_is_the_kernels_choice_once_the_cell_ends(shell, nvml_records, clean_env, capsys,
+                                                                        monkeypatch, before, cell, after):
+    """The block keeps its own device to its end; then every framework is on what `%gpu use`
+    chose there, as if it had run in the next cell, and the block's own choice is gone."""
+    nvml_records([h200(0), h200(1), h200(2)])
+    jax, torch = StartedGpu("jax"), StartedGpu("torch")
+    monkeypatch.setattr(shell._gpuctx.switcher, "frameworks", (jax, torch))
+    shell.user_ns["_fws"] = (jax, torch)
+    if before:
+        gpu(shell, before)
+    result = shell.run_cell(cell + "\ninside = [fw.device for fw in _fws], _fws[1].default")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["inside"] == ([1, 1], 1 if "--default" in cell.splitlines()[0] else None)
+    choice = shell._gpuctx.switcher.choice
+    ordinal, default, torch_default = after
+    assert (choice.ordinal, choice.default, choice.source) == (ordinal, default, "%gpu use")
+    assert (jax.device, torch.device, torch.default) == (ordinal, ordinal, torch_default)
+    out = capsys.readouterr().out
+    if "--no-default" in cell:
+        assert "once the %%on_gpu cell running ends, tensors created without a device no longer go to cuda:0" in out
+    else:
+        assert "becomes the kernel's device when the %%on_gpu cell running ends (cuda:1 stays current" in out
+    shell.run_cell("pass")
+    assert (jax.device, torch.device, torch.default) == (ordinal, ordinal, torch_default)  # the next cell too
+
+
 def test_mixed_devices_hint_under_traceback(shell, capsys):
     cell = "raise RuntimeError('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cuda:1!')"
     shell.run_cell(cell)

@@ -406,6 +406,16 @@ def test_a_torch_compile_notebook_plans_a_compile_after_its_first_work(tmp_path)
     assert ops(plan).index("compile") > ops(plan).index("matmul_fp32")
 
 
+@pytest.mark.parametrize("line", ["scripted = torch.jit.script(torch.nn.Linear(4, 4))",
+                                  "traced = torch.jit.trace(torch.nn.Linear(4, 4), torch.ones(1, 4))",
+                                  "@torch.compile\ndef f(x):\n    return x.sin()"])
+def test_torch_jit_script_trace_and_the_compile_decorator_plan_the_compile_warm_up(tmp_path, line):
+    notebook(tmp_path / "nb.ipynb", ["import torch", line])
+    plan = derive(tmp_path / "nb.ipynb")
+    step = next(s for s in plan.steps if s.op == "compile")
+    assert step.where.startswith("cell 2, line ")
+
+
 def test_a_bf16_model_gets_its_own_training_step_and_an_autocast_one_does_not(tmp_path):
     torch = pytest.importorskip("torch")
     from gpuctx_jupyter.kernel.warm.recipes import torch as recipe
@@ -420,3 +430,19 @@ def test_a_bf16_model_gets_its_own_training_step_and_an_autocast_one_does_not(tm
     # the step itself, on the CPU here: a bf16 block's forward, backward and optimizer steps
     params = recipe.low_precision_step(torch, torch.device("cpu"), torch.bfloat16, ("adamw", "sgd"))
     assert {p.dtype for p in params} == {torch.bfloat16} and all(p.grad is not None for p in params)
+
+
+def test_a_cell_read_again_gives_the_same_facts_and_an_edited_one_its_new_facts():
+    """Cells are parsed once per number and text (typed cells come again after every pause): the
+    facts of cells read before are theirs, and an edit, or the same text in another place, is read
+    as it now stands."""
+    from gpuctx_jupyter.contract.notebook import facts_from_sources
+
+    first = facts_from_sources(["import torch\nx = torch.ones(3, device='cuda:1')", "%gpu use 0"])
+    again = facts_from_sources(["import torch\nx = torch.ones(3, device='cuda:1')", "%gpu use 0"])
+    assert (again.frameworks, again.events, again.cuda_literals, again.magics) == (
+        first.frameworks, first.events, first.cuda_literals, first.magics)
+    edited = facts_from_sources(["import jax\nx = 1", "%gpu use 0"])
+    assert list(edited.frameworks) == ["jax"] and edited.cuda_literals == []
+    moved = facts_from_sources(["%gpu use 0", "import torch\nx = torch.ones(3, device='cuda:1')"])
+    assert moved.magics.cell == 1 and moved.frameworks["torch"].cell == 2

@@ -210,12 +210,13 @@ def test_a_gateway_warm_request_that_fails_is_logged_with_its_exception_type(cap
 
 def test_kernels_get_a_bounded_jax_compilation_cache_unless_they_name_one(server_factory, tmp_path):
     jax_env = "import os, json; print(json.dumps({k: v for k, v in os.environ.items() if k.startswith('JAX_')}))"
-    srv = server_factory(env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    srv = server_factory(env={"XDG_CACHE_HOME": str(tmp_path / "cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "2"})
     ks = srv.channels(srv.start_kernel())
     env = json.loads(ks.execute(jax_env).stdout)
     ks.close()
     assert env["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "cache" / "gpuctx" / "jax")
     assert int(env["JAX_COMPILATION_CACHE_MAX_SIZE"]) == 4 * 2**30
+    assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "2"  # the user's own setting is kept
     own = server_factory(env={"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine")})
     ks = own.channels(own.start_kernel())
     assert json.loads(ks.execute(jax_env).stdout)["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "mine")

@@ -233,6 +233,45 @@ def test_the_kernel_refuses_its_consent_while_a_cell_runs(kernel, tmp_path):
     assert reply_to(kc, msg_id, 30)["content"]["status"] == "ok"
 
 
+def in_subshell(kc, subshell_id: str, code: str) -> str:
+    """Send a cell to one of the kernel's subshells (ipykernel 7); returns its msg_id."""
+    msg = kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": False,
+                                             "user_expressions": {}, "allow_stdin": False, "stop_on_error": True})
+    msg["header"]["subshell_id"] = subshell_id
+    kc.shell_channel.send(msg)
+    return msg["header"]["msg_id"]
+
+
+def test_a_request_in_a_subshell_neither_ends_a_running_cell_nor_goes_unnoticed(kernel, tmp_path):
+    """ipykernel 7 runs a subshell's requests in a thread of their own, through the same hooks as
+    the main shell's: a console's cell there ending while the notebook trains must not let a
+    suspend in (its cache emptied mid-cell, the checkpoint of a running kernel), nor may a cell
+    running there while the main shell is idle."""
+    from .harness.kernels import held_cell, wait_output
+
+    kc, _pid, _ = kernel
+    created = control(kc, "create_subshell_request")["content"]
+    if created.get("status") != "ok":
+        pytest.skip(f"this ipykernel has no subshells (it runs every request in the main thread): {created}")
+    sub = created["subshell_id"]
+    running = {"status": "refused", "message": "it is running a cell: suspend it once it is idle"}
+    go_main, go_sub = tmp_path / "go-main", tmp_path / "go-sub"
+    main_cell = held_cell(kc, go_main)
+    assert reply_to(kc, in_subshell(kc, sub, "1 + 1"), 30)["content"]["status"] == "ok"
+    assert control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"] == running
+    go_main.write_text("")
+    assert reply_to(kc, main_cell, 30)["content"]["status"] == "ok"
+    sub_cell = in_subshell(kc, sub, f"import os, time\nprint('held', flush=True)\n"
+                                    f"while not os.path.exists({str(go_sub)!r}): time.sleep(0.02)")
+    wait_output(kc, sub_cell, "held")
+    assert run(kc, "pass").reply["status"] == "ok"  # the main shell's request ends meanwhile
+    assert control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"] == running
+    go_sub.write_text("")
+    assert reply_to(kc, sub_cell, 30)["content"]["status"] == "ok"
+    assert control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"]["status"] == "ok"
+    assert control(kc, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["content"]["state"] == "running"
+
+
 def test_the_kernel_refuses_its_consent_while_it_has_data_parallel_workers(kernel):
     pytest.importorskip("ipyparallel")
     from .harness.gpus import NO_GPU
@@ -264,6 +303,47 @@ def test_a_failed_restore_answers_the_cell_with_the_reason_and_the_variables_sta
     assert answer["state"] == "suspended" and "OUT_OF_MEMORY" in answer["error"]
     r = run(kc, "print(x)")  # the next cell tries again, and the cell that failed never ran
     assert r.stdout.splitlines()[-1] == "41" and fake.state(pid) == 0
+
+
+def test_a_restore_that_hangs_holds_neither_the_control_channel_nor_the_kernel(kernel, fake):
+    """A driver call that never returns: the server's Resume and question are answered meanwhile
+    (the kernel is resuming), and the request is answered with the reason after RESTORE_TIMEOUT_S,
+    the variables safe; the next request resumes it."""
+    kc, pid, _ = kernel
+    run(kc, "x = 41")
+    suspend_kernel(kc, pid)
+    fake.hang(pid, "restore")
+    try:
+        cell = kc.execute("print(x)")
+        wait_for(lambda: fake.hanging(pid, "restore"), timeout=30)
+        resume = control(kc, contract.RESUME_REQUEST, timeout=10)["content"]
+        assert resume["status"] == "error" and resume["state"] == "resuming", resume
+        assert resume["message"].startswith("it is resuming already (for execute_request, ")
+        assert control(kc, contract.REQUEST, timeout=10)["content"]["suspend"]["state"] == "resuming"
+        fake.hang(pid, "restore", False)
+        assert reply_to(kc, cell, 30)["content"]["status"] == "ok" and fake.state(pid) == 0
+
+        run(kc, "import gpuctx_jupyter.kernel.suspend as s; s.RESTORE_TIMEOUT_S = 1.0")
+        suspend_kernel(kc, pid, token="again")
+        fake.hang(pid, "restore")
+        r = run(kc, "x += 1", timeout=30)
+        assert r.reply["status"] == "error" and r.error["ename"] == "GpuctxResumeError"
+        assert "could not be brought back: the restore had not ended after 1 s" in r.error["evalue"]
+        assert fake.state(pid) == 2
+        assert control(kc, contract.REQUEST)["content"]["suspend"]["state"] == "suspended"
+        fake.hang(pid, "restore", False)
+        assert run(kc, "print(x)").stdout.splitlines()[-1] == "41" and fake.state(pid) == 0
+    finally:
+        fake.unhang_all()
+
+
+def test_withdrawing_a_consent_gives_up_when_a_suspend_holds_the_process_too_long(fake, sleeper):
+    with checkpoint.target_lock(sleeper.pid):  # a suspend helper stuck in the driver holds it
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match="another checkpoint step on process .* had not ended after 0.3 s"):
+            checkpoint.cancel(sleeper.pid, "t", timeout=0.3)
+        assert time.monotonic() - t0 >= 0.3
+    checkpoint.cancel(sleeper.pid, "t", timeout=0.3)  # free again
 
 
 def test_the_servers_resume_request_restores_and_a_restart_never_restores_first(kernel, fake):
@@ -368,3 +448,27 @@ def test_the_hosts_room_is_the_tighter_of_memavailable_and_the_containers_limit(
     (cg / "kube" / "memory.max").write_text("max\n")
     room = host_memory.available(proc=str(proc), cgroup=str(cg), pid=42)
     assert room.available == 50000000 * 1024 and room.source == "the machine's MemAvailable"
+
+
+def test_a_containers_page_cache_does_not_count_as_memory_it_holds(tmp_path):
+    """cgroup v2's memory.current and v1's memory.usage_in_bytes count the page cache, which the
+    kernel reclaims first: its inactive part (memory.stat) is room, not use (review of issue 24)."""
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    (proc / "42").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 100000000 kB\nMemAvailable: 50000000 kB\n")
+    (proc / "42" / "cgroup").write_text("0::/pod\n")
+    (cg / "pod").mkdir(parents=True)
+    (cg / "pod" / "memory.max").write_text(f"{8 * GIB}\n")
+    (cg / "pod" / "memory.current").write_text(f"{7 * GIB}\n")
+    (cg / "pod" / "memory.stat").write_text(f"anon {2 * GIB}\nfile {5 * GIB}\nactive_file {1 * GIB}\n"
+                                           f"inactive_file {4 * GIB}\n")
+    room = host_memory.available(proc=str(proc), cgroup=str(cg), pid=42)
+    assert room.limit == "cgroup" and room.available == 5 * GIB  # 8 - (7 - 4)
+    (proc / "42" / "cgroup").write_text("4:memory:/pod\n2:cpu,cpuacct:/pod\n")  # v1
+    v1 = cg / "memory" / "pod"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text(f"{8 * GIB}\n")
+    (v1 / "memory.usage_in_bytes").write_text(f"{7 * GIB}\n")
+    (v1 / "memory.stat").write_text(f"cache {5 * GIB}\ninactive_file {GIB}\ntotal_inactive_file {3 * GIB}\n")
+    room = host_memory.available(proc=str(proc), cgroup=str(cg), pid=42)
+    assert room.limit == "cgroup" and room.available == 4 * GIB  # 8 - (7 - 3): the hierarchy's total

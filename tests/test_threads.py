@@ -412,6 +412,25 @@ def test_while_the_warm_up_starts_cuda_a_new_thread_waits_for_it_and_switches():
     assert set_device == [(1, t)]  # torch.cuda.set_device blocks on torch's lazy-init lock
 
 
+def test_only_torchs_cuda_init_in_the_warm_up_makes_cells_and_threads_wait_for_cuda():
+    """While the warm-up imports (`from x import y` too), reads its plan or checks the GPU, a cell or
+    thread that set its device would start CUDA itself: only torch's lazy init counts as starting."""
+    from gpuctx_jupyter.kernel.state import KernelState
+    from gpuctx_jupyter.kernel.warm.plan import Plan
+
+    st = KernelState()
+    st.warmer.schedule(lambda: Plan(), within=600)  # a warm-up under way (scheduled, not begun)
+    try:
+        for phase in ("starting", "reading the plan", "from transformers import AutoModel", "the GPU check",
+                      "import torch._dynamo", "optimizer step (AdamW) on the CPU"):
+            st.warmer.status.phase = phase
+            assert st.switcher.cuda_starting() is False, phase
+        assert st.warmer.starting_cuda_while(st.switcher.cuda_starting) is True
+        assert st.switcher.cuda_starting() is False
+    finally:
+        st.warmer.cancel_scheduled()
+
+
 def test_report_names_live_threads_on_another_device(follow):
     sw, fw = follow()
     before = Parked("worker-1", fw)  # started before any choice

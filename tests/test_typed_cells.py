@@ -356,6 +356,50 @@ def test_merging_keeps_what_was_done_and_its_record():
     assert [s.name for s in merged.steps if s.state == "planned"] == ["import big", "optimizer step (AdamW)"]
 
 
+def test_gpu_work_that_waited_for_a_typed_device_line_is_warmed_once_that_line_has_run():
+    """While the typed cells choose a device nobody has chosen yet, the GPU work waits (skipped,
+    waiting); a message after that cell has run (the plan no longer waits) warms it, one before
+    does not ask for it again."""
+    from gpuctx_jupyter.kernel.warm.plan import Plan, Step
+    from gpuctx_jupyter.kernel.warm.typed import merge
+
+    def derived(blocked: str) -> Plan:
+        return Plan(recipe="notebook", gpu_blocked=blocked, steps=[
+            Step("framework", "import torch", module="torch", framework="torch"),
+            Step("gpu", "cuda init", op="init", framework="torch"),
+            Step("cpu", "optimizer step (AdamW)", op="optimizer", framework="torch", names=("adamw",))])
+
+    waiting = "the typed cells choose a device (cell 1, line 1): its GPU is warmed once that cell has run"
+    before = derived(waiting)
+    before.steps[0].state = "done"
+    before.steps[1].state, before.steps[1].detail = "skipped", "the typed cells choose a device (cell 1, line 1)"
+    before.steps[2].state, before.steps[2].name = "done", "optimizer step (AdamW) on the CPU"  # its CPU stand-in
+    for step in before.steps[1:]:
+        step.waits = True
+    assert [s.name for s in merge(derived(waiting), before).steps if s.state == "planned"] == []
+    after = merge(derived(""), before)
+    assert [s.name for s in after.steps if s.state == "planned"] == ["cuda init", "optimizer step (AdamW)"]
+    assert after.steps[0] is before.steps[0]  # the import done: never again
+
+
+def test_work_a_recipe_names_after_its_device_is_not_planned_again():
+    """JAX's and Numba's steps are shown with the device they ran on ("… on cuda:0"), and another
+    device's copy is its own work: neither makes the same typed cells plan them again."""
+    from gpuctx_jupyter.kernel.warm.plan import Plan, Step
+    from gpuctx_jupyter.kernel.warm.typed import merge
+
+    def derived() -> Plan:
+        return Plan(recipe="notebook", steps=[Step("gpu", "jit(grad) tiny", op="jax_jit", framework="jax")])
+
+    before = derived()
+    before.steps[0].name, before.steps[0].state = "jit(grad) tiny on cuda:0", "done"
+    before.steps.append(Step("gpu", "jit(grad) tiny on cuda:1", op="jax_jit", framework="jax", state="done",
+                             ordinal=1))
+    merged = merge(derived(), before)
+    assert [s.state for s in merged.steps] == ["done", "done"]
+    assert {s.name for s in merged.steps} == {"jit(grad) tiny on cuda:0", "jit(grad) tiny on cuda:1"}
+
+
 def _typed(sources, choice=None):
     from traitlets.config import Config
 

@@ -3,6 +3,7 @@ them: `--ext=gpuctx` and GPUCTX_* in the environment, JPY_SESSION_NAME naming th
 from __future__ import annotations
 
 import pathlib
+import re
 import threading
 import time
 
@@ -156,6 +157,15 @@ def test_auto_training_notebook_warms_its_imports_and_training_and_load_ext_stay
         assert r.stdout.strip() == "True"
         status = run(kc, "%gpu status").text  # the plan, step by step with the notebook's lines
         assert "warm plan" in status and "import torch" in status and "cell 1, line 2" in status, status
+        lines = status.split("warm plan (notebook)", 1)[1].splitlines()  # each step: its state, its time
+        # once done, why, and its line
+        assert any(re.match(r"\s+done\s+import torch \(\d+\.\d\d s\)\s+← cell 1, line 2: import torch$", line)
+                   for line in lines), status
+        assert any(re.match(r"\s+skipped\s+cuda init: no GPU is visible\s+← ", line) for line in lines), status
+        assert "imported torch only;" in status, status  # each framework named once
+        at = [next(i for i, line in enumerate(lines) if name in line)  # in the order the cells need them
+              for name in ("import torch (", "import torch._dynamo", "cuda init", "optimizer step")]
+        assert at == sorted(at), status
         request = kc.session.msg("gpuctx_request", {})  # and the kernel view the server asks for
         kc.control_channel.send(request)
         view = reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]

@@ -27,7 +27,6 @@ WARM_IMPORT_BUDGET = "GPUCTX_WARM_IMPORT_BUDGET"  # seconds the warm-up's import
 WARM_RECIPE = "GPUCTX_WARM_RECIPE"  # the recipe: notebook (what the notebook runs) | basic (the fixed one)
 DEVICE = "GPUCTX_DEVICE"  # a device spec the kernel starts on
 DEVICE_SOURCE = "GPUCTX_DEVICE_SOURCE"  # who chose it
-POOLED = "GPUCTX_POOLED"  # set in a kernel handed out by the warm pool: seconds it waited ready
 STANDBY = "GPUCTX_STANDBY"  # set in a standby of the warm pool (its warm-up runs at the lowest CPU priority)
 WORKER_IMPORTS = "GPUCTX_WORKER_IMPORTS"  # "1" in an imports standby: do the `%gpu workers` imports too
 POOL_NOTE = "GPUCTX_POOL_NOTE"  # why this kernel was started fresh rather than from the warm pool
@@ -54,7 +53,8 @@ RELEASE_REQUEST, RELEASE_REPLY = "gpuctx_release_request", "gpuctx_release_reply
 #       "message"} → {"status": "ok", "state"}: how the suspend ended (the kernel's waiting helper
 #       starts when it succeeded);
 #   RESUME {} → {"status": "ok", "resumed": bool, "seconds", "steps", "state"} or
-#       {"status": "error", "message"}: the Resume button's path.
+#       {"status": "error", "message", "state"}: the Resume button's path; "state": "resuming" when
+#       a restore one of its requests started is under way (answered at once, not waited for).
 # REQUEST's reply carries "suspend": {"state": one of SUSPEND_STATES, "since", "moved", "error"};
 # while suspended the kernel answers it from what it knew before, touching no GPU library.
 SUSPEND_PREPARE_REQUEST, SUSPEND_PREPARE_REPLY = "gpuctx_suspend_prepare_request", "gpuctx_suspend_prepare_reply"

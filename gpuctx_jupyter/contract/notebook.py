@@ -17,6 +17,7 @@ until the file changes on disk; `facts_from_sources` reads cells that exist only
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -231,25 +232,59 @@ def facts_from_sources(sources: list[str], path: str = "") -> Facts:
 def facts_from_cells(cells: list[tuple[int, str]], path: str = "") -> Facts:
     facts = Facts(path=path, code_cells=len(cells))
     facts.new = not any(src.strip() for _n, src in cells)
-    parsed = [_parse(number, src) for number, src in cells]
-    for cell in parsed:
+    for number, src in cells:
+        cell = _cell_facts(number, src) if len(src) <= _CACHED_CELL_CHARS else _read_cell(number, src)
         if cell.error:
             facts.notes.append(cell.error)
-        facts.events += _events(cell)
-        _frameworks(cell, facts.frameworks)
+        facts.events += cell.events
+        for name, where in cell.frameworks:
+            facts.frameworks.setdefault(name, where)
         if facts.magics is None:
-            m = _GPUCTX_MAGIC.search("\n".join(cell.lines))
-            if m:
-                line = "\n".join(cell.lines)[:m.start()].count("\n") + 1
-                facts.magics = Where(cell.number, line, cell.lines[line - 1] if line <= len(cell.lines) else "")
-        for i, line in enumerate(cell.lines, start=1):
-            code = line.split("#", 1)[0]
-            for name, rx in SIGNALS.items():
-                if name not in facts.signals and rx.search(code):
-                    facts.signals[name] = Where(cell.number, i, line)
-            for m in _CUDA_LITERAL.finditer(code):
-                facts.cuda_literals.append((m.group(1) or m.group(2), Where(cell.number, i, line)))
+            facts.magics = cell.magics
+        for name, where in cell.signals:
+            facts.signals.setdefault(name, where)
+        facts.cuda_literals += cell.cuda_literals
     return facts
+
+
+@dataclass(frozen=True)
+class _CellFacts:
+    """What one cell says, in the order it says it (each first occurrence where that matters)."""
+
+    error: str
+    events: tuple[Event, ...]
+    frameworks: tuple[tuple[str, Where], ...]
+    magics: Where | None
+    signals: tuple[tuple[str, Where], ...]
+    cuda_literals: tuple[tuple[str, Where], ...]
+
+
+def _read_cell(number: int, src: str) -> _CellFacts:
+    cell = _parse(number, src)
+    used: dict[str, Where] = {}
+    _frameworks(cell, used)
+    magics = None
+    m = _GPUCTX_MAGIC.search("\n".join(cell.lines))
+    if m:
+        line = "\n".join(cell.lines)[:m.start()].count("\n") + 1
+        magics = Where(cell.number, line, cell.lines[line - 1] if line <= len(cell.lines) else "")
+    signals: dict[str, Where] = {}
+    literals = []
+    for i, line in enumerate(cell.lines, start=1):
+        code = line.split("#", 1)[0]
+        for name, rx in SIGNALS.items():
+            if name not in signals and rx.search(code):
+                signals[name] = Where(cell.number, i, line)
+        for lit in _CUDA_LITERAL.finditer(code):
+            literals.append((lit.group(1) or lit.group(2), Where(cell.number, i, line)))
+    return _CellFacts(cell.error, tuple(_events(cell)), tuple(used.items()), magics, tuple(signals.items()),
+                      tuple(literals))
+
+
+# A frontend sends every cell again a second after each pause in typing, and a notebook is read
+# again when saved: each cell is parsed once (per number and text), up to this many, this large.
+_CACHED_CELL_CHARS = 64 * 1024
+_cell_facts = functools.lru_cache(maxsize=4096)(_read_cell)
 
 
 class Reader:

@@ -255,23 +255,33 @@ def _folder() -> str:
 
 
 @contextmanager
-def target_lock(pid: int) -> Iterator[None]:
+def target_lock(pid: int, timeout: float | None = None) -> Iterator[None]:
     """One compound step on a process at a time, across processes: the server's helpers and the
-    kernel's own (a Resume click racing the next cell) take turns through this file lock."""
+    kernel's own (a Resume click racing the next cell) take turns through this file lock. With a
+    `timeout` (s), TimeoutError when another step still holds it then (its driver call hangs)."""
     with open(os.path.join(_folder(), f"{pid}.lock"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | (0 if deadline is None else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another checkpoint step on process {pid} had not ended after {timeout:g} s "
+                                       "(a driver call that hangs?)") from None
+                time.sleep(0.05)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def cancel(pid: int, token: str) -> None:
+def cancel(pid: int, token: str, timeout: float | None = None) -> None:
     """Withdraw the consent the kernel `pid` gave to the suspend `token`: a suspend helper that has
     not taken the target lock yet then refuses (CANCELLED). Waits while a compound step holds the
-    lock, so that on return the suspend has either not begun (and never will) or ended. No CUDA
-    call: the kernel runs this itself, also while checkpointed."""
-    with target_lock(pid):
+    lock (at most `timeout` s: TimeoutError), so that on return the suspend has either not begun
+    (and never will) or ended. No CUDA call: the kernel runs this itself, also while checkpointed."""
+    with target_lock(pid, timeout):
         with open(os.path.join(_folder(), f"{pid}.cancelled"), "w") as fh:
             fh.write(token)
 

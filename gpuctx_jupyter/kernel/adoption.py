@@ -1,7 +1,9 @@
 """Becoming a notebook's kernel: the warm pool hands a standby to a notebook, on its control channel
 (contract.ADOPT_REQUEST), and the standby takes what a kernel started for that notebook would have
-had — its working directory (and sys.path's entry for it), its environment, its connection file
-(sys.argv, %connect_info) and `__session__` — then warms what that notebook runs.
+had — its working directory (and sys.path's entry for it, IPython's directory history `_dh`), its
+environment, its connection file (sys.argv, %connect_info), `__session__` and the device the server
+assigned it — then warms what that notebook runs. That it came from the pool is kept in its
+KernelState (for `%gpu status`), not in its environment, which is a fresh kernel's.
 
 No cell runs, so neither the warm-up nor the user's first cell mistakes the hand-over for one,
 and the notebook's first cell is In [1].
@@ -12,8 +14,10 @@ import locale
 import logging
 import os
 import sys
+from pathlib import Path
 
-from ..contract import POOLED, SESSION
+from ..contract import SESSION
+from . import state as kernel_state
 from .warm.recipes import inductor
 
 log = logging.getLogger("gpuctx")
@@ -33,7 +37,11 @@ def adopt(ip, content: dict, then=None) -> dict:
             os.environ.pop(str(name), None)
         else:
             os.environ[str(name)] = str(value)
-    os.environ[POOLED] = str(content.get("pooled", ""))
+    _fresh_directory_history(ip)
+    st = kernel_state.of(ip)
+    if st is not None:
+        st.pooled = str(content.get("pooled", ""))
+        _take_assigned_device(ip, st)
     if SESSION in os.environ:
         ip.user_ns["__session__"] = os.environ[SESSION]
     else:
@@ -52,6 +60,36 @@ def adopt(ip, content: dict, then=None) -> dict:
             log.warning("gpuctx: warming the adopting notebook's plan failed to start: %s: %s",
                         type(exc).__name__, exc)
     return {"status": "ok", "cwd": os.getcwd()}
+
+
+def _fresh_directory_history(ip) -> None:
+    """IPython's directory history (`_dh`, `%dhist`, `cd -0`) as a kernel started here has it: its
+    start directory only (the same list object `_dh` names)."""
+    history = getattr(getattr(ip, "history_manager", None), "dir_hist", None)
+    if isinstance(history, list):
+        history[:] = [Path.cwd()]
+
+
+def _take_assigned_device(ip, st) -> None:
+    """The device the server assigned this kernel (GPUCTX_DEVICE, now in its environment), as a
+    fresh kernel takes it at its start (warm/start.start_from_config): the choice, then each
+    framework already imported switched as if it had just been imported — lazily, without asking
+    it whether it can use a GPU, so the hand-over starts no CUDA (torch queues the switch for its
+    own start-up)."""
+    from ..core import inventory
+    from ..core.devices import SpecError, parse_spec
+    from .switching import Choice
+    from .warm.settings import GpuWarmup
+
+    cfg = GpuWarmup(parent=ip)
+    if not cfg.device:
+        return
+    try:
+        dev = parse_spec(cfg.device, inventory.take().devices)
+    except SpecError as exc:
+        log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+        return
+    st.switcher.assign(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
 
 
 def _rebased(path: list[str], old_cwd: str, cwd: str, sitedirs: list[str] | None = None) -> list[str]:

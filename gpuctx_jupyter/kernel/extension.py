@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 from . import kernel_view, state, suspend
@@ -11,9 +12,8 @@ from .warm import start
 from .warm.import_gate import GATE
 from .warm.settings import GpuWarmup
 
-# The name the kernel's start-up load is kept under, so that a notebook's own `%load_ext gpuctx`
-# loads quietly instead of printing "The gpuctx extension is already loaded".
-STARTUP_NAME = "gpuctx_jupyter"
+_LOAD_LINE = re.compile(r"^\s*%load_ext\s+gpuctx\s*$", re.M)  # a notebook's own load line
+_QUIET_ATTR = "_gpuctx_quiet_load"
 log = logging.getLogger("gpuctx")
 
 
@@ -73,15 +73,16 @@ def _at_kernel_start(ip) -> bool:
 
 
 def _let_the_notebook_load_quietly(ip) -> None:
-    """Before the first cell, keep the start-up load under STARTUP_NAME: the notebook's own
-    `%load_ext gpuctx` then finds gpuctx loaded (load() is idempotent) and prints nothing."""
-    def once(*_args):
-        ip.events.unregister("pre_run_cell", once)
+    """A notebook's own `%load_ext gpuctx` in a kernel that loaded gpuctx at its start prints
+    nothing: before a cell with that line, IPython is told gpuctx is not loaded, so the line calls
+    load() (idempotent) instead of saying "already loaded"; it counts as loaded again after it,
+    so `%unload_ext gpuctx` works whichever way gpuctx was loaded."""
+    def quietly(info=None):
         loaded = getattr(getattr(ip, "extension_manager", None), "loaded", None)
-        if isinstance(loaded, set) and "gpuctx" in loaded:
+        if isinstance(loaded, set) and "gpuctx" in loaded and _LOAD_LINE.search(getattr(info, "raw_cell", "") or ""):
             loaded.discard("gpuctx")
-            loaded.add(STARTUP_NAME)
-    ip.events.register("pre_run_cell", once)
+    ip.events.register("pre_run_cell", quietly)
+    setattr(ip, _QUIET_ATTR, quietly)
 
 
 def unload(ip) -> None:
@@ -90,8 +91,11 @@ def unload(ip) -> None:
         return
     ip.events.unregister("pre_run_cell", st.before_cell)
     ip.events.unregister("post_run_cell", st.after_cell)
+    quietly = ip.__dict__.pop(_QUIET_ATTR, None)
+    if quietly is not None:
+        ip.events.unregister("pre_run_cell", quietly)
     start.unhook_kernel_info(ip)
-    st.warmer.cancel_scheduled()
+    st.warmer.stop()  # (a step under way ends on its own; none follows it)
     GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)
     if st.workers is not None:
         st.workers.stop()

@@ -30,7 +30,6 @@ from ..contract import (
     ADOPT_REQUEST,
     CELLS_REPLY,
     CELLS_REQUEST,
-    POOLED,
     RELEASE_REPLY,
     RELEASE_REQUEST,
     REPLY,
@@ -68,7 +67,7 @@ def report(state) -> dict:
         "warmup": warmer.status.as_dict(),
         "plan": warmer.plan.as_dict() if warmer.plan else None,  # the notebook's warm plan
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "pooled": POOLED in os.environ,  # handed out by the server's warm kernel pool
+        "pooled": state.pooled is not None,  # handed out by the server's warm kernel pool
         "last_oom": oom.last_oom,  # {time, framework, ordinal, requested} of its last out-of-memory error
     }
 
@@ -129,7 +128,8 @@ def register(ip, state, on_adopt=None) -> None:
     handlers[SUSPEND_PREPARE_REQUEST] = answering(SUSPEND_PREPARE_REPLY, suspend_step(
         lambda gate, content: gate.prepare(str(content.get("token") or ""))))
     handlers[SUSPEND_DONE_REQUEST] = answering(SUSPEND_DONE_REPLY, suspend_step(lambda gate, content: gate.done(content)))
-    handlers[RESUME_REQUEST] = answering(RESUME_REPLY, suspend_step(lambda gate, _c: gate.resume(by="the server")))
+    handlers[RESUME_REQUEST] = answering(RESUME_REPLY, suspend_step(
+        lambda gate, _c: gate.resume(by="the server", wait=False)))  # (the control thread must stay free)
 
 
 def unregister(ip) -> None:

@@ -127,13 +127,19 @@ class GpuMagics(Magics):
         _, dev = self._resolve(args.spec)
         follow = self.follow_threads and not args.no_threads
         self._apply_follow_threads(follow)
+        # Inside a %%on_gpu cell: the kernel's choice from the cell's end on (the cell keeps its device;
+        # what a user who switches there means for the cells after, switching.Switcher says how).
         applied = self.switcher.use(Choice(dev.ordinal, default=args.default, source="%gpu use"))
+        block = self.switcher.block
         r = dev.record
         free = f"{gib(r.memory_free)} free" if r.memory_free is not None else "free memory unknown"
         fw = [f"{k} {v.split(' ', 1)[1] if ' ' in v else ''}".strip() for k, v in applied.results.items()
               if k != "torch default"]
         where = ", ".join(fw) if fw else "GPU frameworks as you import them"
-        line = f"gpuctx: cuda:{dev.ordinal} ({r.name}, nvidia-smi {r.nvml_index}, {free}) is current for {where}"
+        line = f"gpuctx: cuda:{dev.ordinal} ({r.name}, nvidia-smi {r.nvml_index}, {free}) " + (
+            f"is current for {where}" if block is None else
+            f"becomes the kernel's device when the %%on_gpu cell running ends (cuda:{block.ordinal} stays current "
+            "until then)")
         if args.default:
             line += "; new tensors without a device land there too"
         if applied.errors:
@@ -141,27 +147,34 @@ class GpuMagics(Magics):
         print(line)
         if self._told_follow != follow:
             self._told_follow = follow
-            print("note: " + self._threads_note(dev.ordinal, follow)
+            print("note: " + self._threads_note(dev.ordinal, follow, after_block=block is not None)
                   + "; CUDA_VISIBLE_DEVICES is read once, at CUDA start-up, so changing it now has no effect")
 
     def _undo_default(self) -> None:
-        choice = self.switcher.choice
+        choice, block = self.switcher.base, self.switcher.block  # (a %%on_gpu --default ends with its cell)
         if choice is None or not choice.default:
-            print("gpuctx: no default device was set; nothing to undo")
+            print("gpuctx: no default device was set with `%gpu use`; nothing to undo"
+                  + (" (the --default of the %%on_gpu cell running ends with it)" if block and block.default else ""))
             return
         self.switcher.use(Choice(choice.ordinal, False, choice.source))
+        if block is not None:
+            print(f"gpuctx: once the %%on_gpu cell running ends, tensors created without a device no longer go to "
+                  f"cuda:{choice.ordinal}; cuda:{choice.ordinal} stays the kernel's device")
+            return
         print(f"gpuctx: tensors created without a device go to {fws.TORCH.default_device() or 'cpu'} again; "
               f"cuda:{choice.ordinal} stays current")
 
-    def _threads_note(self, ordinal: int, follow: bool) -> str:
+    def _threads_note(self, ordinal: int, follow: bool, after_block: bool = False) -> str:
         if follow:
-            return f"threads started from now on run on cuda:{ordinal} too (`--no-threads` leaves them alone)"
+            when = "after the %%on_gpu cell" if after_block else "from now on"
+            return f"threads started {when} run on cuda:{ordinal} too (`--no-threads` leaves them alone)"
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
         from . import reports
 
-        report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines())
+        report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines(),
+                                       pooled=self.state.pooled)
         display(self.workers.extend_status(report))
 
     def _gpu_mem(self, args):

@@ -8,7 +8,7 @@ import shutil
 import textwrap
 from dataclasses import dataclass, field
 
-from ..contract import POOL_NOTE, POOLED
+from ..contract import POOL_NOTE
 from ..core import frameworks as fws
 from ..core import inventory
 from .render import Report, Section, gib, pct, temp
@@ -99,9 +99,11 @@ def _thread_lines(switcher) -> list[str]:
     return lines
 
 
-def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str] | None = None) -> Report:
+def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str] | None = None,
+                  pooled: str | None = None) -> Report:
     """`%gpu status`: without a GPU, that first (one line); then the device in force and who chose
-    it, who started CUDA, the warm-up, each framework's state, this kernel's memory, threads."""
+    it, who started CUDA, the warm-up, where the kernel came from (`pooled`: the seconds it waited
+    in the warm pool), each framework's state, this kernel's memory, threads."""
     choice = switcher.choice
     reason = inv.no_gpu_reason()
     started = [fw.name for fw in fws.loaded() if fw.initialized()]
@@ -115,8 +117,7 @@ def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str
     head = [device,
             "CUDA started by: " + (", ".join(started) if started else "nothing yet (no CUDA context in this kernel)"),
             _warm_line(warm, reason)]
-    pooled = os.environ.get(POOLED)
-    if pooled:
+    if pooled is not None:
         head.append(f"kernel: from gpuctx's warm pool (started and warmed {pooled} s before you asked for it)")
     elif os.environ.get(POOL_NOTE):
         head.append(f"kernel: started fresh, not from the warm pool: {os.environ[POOL_NOTE]}")

@@ -8,6 +8,7 @@ until `%unload_ext gpuctx`.
 """
 from __future__ import annotations
 
+import ast
 import sys
 
 from ..core import frameworks as fws
@@ -29,16 +30,25 @@ class KernelState:
         self.suspend = None  # kernel/suspend.py's Gate, in an ipykernel (installed by extension.load)
         self.workers = None  # GpuWorkers of `%gpu workers`, made by the magics on first use
         self.loaded_in: float | None = None  # seconds `%load_ext gpuctx` took, its imports included
+        # Seconds it waited ready in the warm pool, once the pool has handed it to a notebook (kept
+        # here, not in os.environ: a fresh kernel has no such variable, and neither has this one)
+        self.pooled: str | None = None
 
     def _warmup_starting_cuda(self) -> bool:
-        return self.warmer.running and not self.warmer.status.phase.startswith(("import", "starting"))
+        """Whether the warm-up is in torch's lazy CUDA init right now (not merely running: a cell
+        that set the device while the warm-up imports, reads or waits would start CUDA itself)."""
+        return self.warmer.running and self.warmer.starting_cuda.is_set()
 
     # -- cell events (IPython's pre_run_cell / post_run_cell) -------------------------------------
     def before_cell(self, info=None) -> None:
-        self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
+        try:
+            self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
+        except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import
+            _interrupt_the_cell()
         self.switcher.enforce()
 
     def after_cell(self, result=None) -> None:
+        _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
         torch = fws.TORCH
         if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
@@ -51,6 +61,28 @@ class KernelState:
         hint = hints.hint_for(error)
         if hint:
             print(hint, file=sys.stderr)
+
+
+class _Interrupted(ast.NodeTransformer):
+    """Once: the cell's code becomes `raise KeyboardInterrupt` at its first line. IPython catches
+    what a pre_run_cell callback raises (it prints "Error in callback" and runs the cell anyway), so
+    an Interrupt pressed while the cell waited for the warm-up stops the cell this way instead."""
+
+    def visit_Module(self, node):
+        raised = ast.Raise(exc=ast.Name("KeyboardInterrupt", ast.Load()), cause=None)
+        raised.lineno = node.body[0].lineno if node.body else 1
+        return ast.fix_missing_locations(ast.Module(body=[raised], type_ignores=[]))
+
+
+def _interrupt_the_cell(undo: bool = False) -> None:
+    from IPython import get_ipython
+
+    ip = get_ipython()
+    if ip is None:
+        return
+    ip.ast_transformers[:] = [t for t in ip.ast_transformers if not isinstance(t, _Interrupted)]
+    if not undo:
+        ip.ast_transformers.insert(0, _Interrupted())
 
 
 def of(ip) -> KernelState | None:

@@ -6,7 +6,9 @@ checkpointed its CUDA calls wait until the memory is back, and some calls the pr
 crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So the kernel:
 
 - consents first (contract.SUSPEND_PREPARE_REQUEST, on the control channel, answered by
-  kernel_view with `Gate.prepare`), or refuses: while a cell runs, while the warm-up runs, while
+  kernel_view with `Gate.prepare`), or refuses: while a request that may run the user's code is in
+  flight in any shell thread (the main shell's, or one of ipykernel 7's subshells': each thread
+  counts on its own), while the warm-up runs, while
   it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
   uses GPU memory another process shared with it (CUDA IPC: the driver could not restore such a
   process); consenting, it gives its allocators' cache back to the GPU, so that only what it
@@ -21,7 +23,12 @@ crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So 
 - restores itself through the waiting helper (`checkpoint serve`) it starts when it consents,
   while CUDA still runs: the next cell pays the restore and little more, and its output says once
   that the kernel was resumed and how long it took. A restore that fails (no room on the GPU) leaves the kernel
-  suspended, its variables safe, and the request is answered with the reason instead of run.
+  suspended, its variables safe, and the request is answered with the reason instead of run; so
+  does one that has not ended within RESTORE_TIMEOUT_S (a driver call that hangs: its helper is
+  killed, the next request tries again with a fresh one);
+- never blocks its control thread behind a restore a request started: the server's Resume is then
+  answered at once that the kernel is resuming, so interrupts, shutdowns and the server's
+  questions still get through.
 
 The consent is a token: a request that arrives before the server's helper has locked the process
 cancels it (core.checkpoint.cancel), so that a suspend never begins after the kernel has started on
@@ -35,6 +42,7 @@ import inspect
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -55,7 +63,9 @@ RUNNING, SUSPENDING, SUSPENDED, RESUMING = SUSPEND_STATES
 NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_request", "comm_info_request",
                           "is_complete_request", "shutdown_request", "interrupt_request",
                           "create_subshell_request", "delete_subshell_request", "list_subshell_request"})
-RESTORE_TIMEOUT_S = 1800.0  # a restore of a whole H200's memory takes well under a minute
+# How long a resume may take before the kernel gives up on it: the restore of a whole H200's memory
+# is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
+RESTORE_TIMEOUT_S = 300.0
 log = logging.getLogger("gpuctx")
 
 
@@ -91,10 +101,22 @@ class Gate:
         self.error: str | None = None  # why the last resume failed (the kernel is still suspended)
         self.before_report: dict | None = None  # the answer to REQUEST from before the suspend
         self.last: dict | None = None  # the last resume: {"seconds", "steps", "by"}
-        self._busy = False  # the main shell thread is inside a request that may run user code
+        # The threads (idents) inside a shell request that may run the user's code: the main shell's,
+        # and with ipykernel 7 each subshell's (every one calls before/after for its own requests).
+        self._busy: set[int] = set()
+        self._resuming: tuple[str, float] | None = None  # who asked for the resume under way, and when
         self._reads = 0  # sampler reads in flight
         self._waiting: subprocess.Popen | None = None
         self._note: str | None = None  # for the output of the cell that resumed the kernel
+
+    @property
+    def busy(self) -> bool:
+        """Whether a shell thread is inside a request that may run the user's code (a thread that
+        ended inside one, a subshell deleted meanwhile, no longer counts)."""
+        with self._cond:
+            if self._busy:
+                self._busy &= {t.ident for t in threading.enumerate()}
+            return bool(self._busy)
 
     @property
     def suspended(self) -> bool:
@@ -116,10 +138,10 @@ class Gate:
         # refused below).
         from .release import return_cached
 
-        released = 0 if self._busy else sum(return_cached().values())
+        released = 0 if self.busy else sum(return_cached().values())
         report = kernel_view.report(self.kernel_state)  # still running: the figures are read as usual
         with self._cond:
-            if self._busy:
+            if self.busy:
                 return {"status": "refused", "message": "it is running a cell: suspend it once it is idle"}
             if self.state != RUNNING:
                 return {"status": "refused", "message": f"it is {self.state} already"}
@@ -178,10 +200,11 @@ class Gate:
         msg_type = header.get("msg_type", "")
         if msg_type in NO_USER_CODE:
             return True
-        main = threading.current_thread() is threading.main_thread()
+        me = threading.get_ident()
         with self._cond:
-            if main:
-                self._busy = True
+            # (already there: a comm message ipykernel 7 dispatches beside the async cell it runs)
+            mine = me not in self._busy
+            self._busy.add(me)
             if self.state == RUNNING:
                 return True
             since = self.since
@@ -191,32 +214,45 @@ class Gate:
             if msg_type == "execute_request" and not content.get("silent") and result.get("resumed"):
                 self._note = self._note_text(result, since)
             return True
-        if main:
+        if mine:
             self.after()
         self._answer_instead(stream, msg, idents, result["message"])
         return False
 
     def after(self) -> None:
-        """The main shell thread is done with its request (ipykernel's post_handler_hook)."""
+        """This shell thread is done with its request (ipykernel's post_handler_hook, which
+        ipykernel 7 calls in the subshell's thread for a subshell's request)."""
         with self._cond:
-            self._busy = False
+            self._busy.discard(threading.get_ident())
 
-    def resume(self, by: str) -> dict:
-        """Back to running from wherever the suspend got to; one at a time (others wait)."""
+    def resume(self, by: str, wait: bool = True) -> dict:
+        """Back to running from wherever the suspend got to, within RESTORE_TIMEOUT_S; one at a
+        time: a shell request waits for the resume under way (it ends by its deadline), the control
+        thread (`wait` False) is answered at once that the kernel is resuming — it must stay free
+        for interrupts, shutdowns and the server's questions."""
         with self._cond:
             while self.state == RESUMING:
+                if not wait:
+                    asked, since = self._resuming or ("a request", time.monotonic())
+                    return {"status": "error", "state": RESUMING,
+                            "message": f"it is resuming already (for {asked}, {time.monotonic() - since:.0f} s so "
+                                       "far): ask again once that has ended"}
                 self._cond.wait()
             if self.state == RUNNING:
                 return {"status": "ok", "resumed": False, "state": RUNNING, "seconds": 0.0, "steps": {}}
             previous, token = self.state, self.token
-            self.state = RESUMING
+            self.state, self._resuming = RESUMING, (by, time.monotonic())
         t0 = time.perf_counter()
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
         try:
             from ..core import checkpoint
 
             if previous == SUSPENDING and token:
-                checkpoint.cancel(self.pid, token)  # waits for a suspend under way; stops one not begun
-            outcome = self._restore()
+                # waits for a suspend under way (not past the deadline); stops one not begun
+                checkpoint.cancel(self.pid, token, timeout=RESTORE_TIMEOUT_S)
+            outcome = self._restore(deadline)
+        except TimeoutError as exc:
+            outcome = {"ok": False, "state": "unknown", "error": str(exc)}
         except Exception as exc:  # noqa: BLE001 — the kernel must go on, suspended, and say why
             outcome = {"ok": False, "state": "unknown", "error": f"{type(exc).__name__}: {exc}"}
         seconds = time.perf_counter() - t0
@@ -229,6 +265,7 @@ class Gate:
             else:
                 self.state = SUSPENDED if previous == SUSPENDED or outcome.get("state") != "running" else RUNNING
                 self.error = outcome.get("error") or "the helper gave no answer"
+            self._resuming = None
             self._cond.notify_all()
         if not outcome.get("ok"):
             log.warning("gpuctx: could not resume this kernel (asked by %s): %s", by, self.error)
@@ -251,30 +288,39 @@ class Gate:
             log.warning("gpuctx: could not start the resume helper: %s", exc)
             self._waiting = None
 
-    def _restore(self) -> dict:
+    def _restore(self, deadline: float) -> dict:
+        """The helper's outcome, by `deadline` (TimeoutError after it: the helper is killed, and
+        the process left wherever the driver got; the next request tries again)."""
         need = [word for uuid, n in self.need.items() for word in ("--need", f"{uuid}={n}")]
         waiting, self._waiting = self._waiting, None
         if waiting is not None and waiting.poll() is None:
+            answer = None
             try:
                 waiting.stdin.write(" ".join(["resume", *need]) + "\n")
                 waiting.stdin.flush()
-                for line in waiting.stdout:  # its "ready" line first, then the outcome
-                    answer = _json(line)
-                    if "ok" in answer:
-                        waiting.wait(10)
-                        return answer
-            except (OSError, ValueError, subprocess.TimeoutExpired):
+                answer = _outcome_of(waiting, deadline)
+            except (OSError, ValueError):
                 pass  # it died: a fresh one
             finally:
-                if waiting.poll() is None:
-                    waiting.kill()
+                _end(waiting, deadline if answer is not None else 0.0)
+            if answer is not None:
+                return answer
         from ..core import checkpoint
 
-        run = subprocess.run(checkpoint.helper_command("resume", self.pid, *need), capture_output=True,
-                             text=True, timeout=RESTORE_TIMEOUT_S, start_new_session=True)
-        lines = run.stdout.strip().splitlines()
-        return _json(lines[-1]) if lines else {"ok": False, "state": "unknown",
-                                                "error": f"the resume helper failed: {run.stderr.strip()[-300:]}"}
+        fresh = subprocess.Popen(checkpoint.helper_command("resume", self.pid, *need), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        try:
+            answer = _outcome_of(fresh, deadline)
+            if answer is None:
+                try:
+                    why = fresh.communicate(timeout=max(0.1, deadline - time.monotonic()))[1]
+                except subprocess.TimeoutExpired:
+                    raise TimeoutError(_too_long()) from None
+                answer = {"ok": False, "state": "unknown",
+                          "error": f"the resume helper failed: {why.decode(errors='replace').strip()[-300:]}"}
+            return answer
+        finally:
+            _end(fresh, deadline)
 
     def close(self) -> None:
         if self._waiting is not None and self._waiting.poll() is None:
@@ -336,6 +382,41 @@ class Gate:
             with self._cond:
                 self._reads -= 1
                 self._cond.notify_all()
+
+
+def _too_long() -> str:
+    return (f"the restore had not ended after {RESTORE_TIMEOUT_S:g} s (a driver call that hangs?): its helper was "
+            "stopped")
+
+
+def _end(helper: subprocess.Popen, deadline: float) -> None:
+    """A helper that answered ends by itself (given until `deadline`, 10 s at most); any other is
+    killed, and not waited for: a process inside a driver call may not die at once."""
+    try:
+        helper.wait(max(0.0, min(10.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        helper.kill()
+
+
+def _outcome_of(helper: subprocess.Popen, deadline: float) -> dict | None:
+    """A helper's outcome line (the waiting helper's comes after its "ready" line), read until
+    `deadline` (TimeoutError after it); None when it ended without one. Read from its pipe's
+    descriptor, so that a helper stuck in a driver call cannot hold the kernel past the deadline."""
+    fd, pending = helper.stdout.fileno(), b""
+    while True:
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            answer = _json(line.decode(errors="replace"))
+            if "ok" in answer:
+                return answer
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(_too_long())
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            pending += chunk
 
 
 def _json(line: str) -> dict:

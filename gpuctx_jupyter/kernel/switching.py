@@ -45,7 +45,12 @@ class Applied:
 
 
 class Switcher:
-    """Holds the current choice (a stack: `%%on_gpu` pushes, `%gpu use` replaces the base).
+    """Holds the kernel's choice (`base`: `%gpu use`, the server's, the notebook's) and the
+    `%%on_gpu` blocks running on top of it; the innermost block's choice is in force.
+
+    A `use` or `assign` while a block runs (`%gpu use` in a `%%on_gpu` cell, the warm-up following
+    the notebook meanwhile) changes the base only: the block keeps its device until it ends, and
+    then every framework goes to the new base, as if `%gpu use` had run after the cell.
 
     `frameworks` are the adapters it keeps on the choice, in the order they are switched (tests
     pass recording fakes); torch's default device is handled by the one named "torch".
@@ -56,7 +61,8 @@ class Switcher:
         # for it and set its own thread's device, rather than skip torch.
         self.cuda_starting = cuda_starting
         self.frameworks: tuple[fws.Framework, ...] = tuple(frameworks)
-        self._stack: list[Choice] = []
+        self._base: Choice | None = None
+        self._blocks: list[Choice] = []  # the %%on_gpu blocks running, innermost last
         self._lock = threading.RLock()
         self._saved_torch_default: object = None
         self._torch_default_owned = False
@@ -89,16 +95,41 @@ class Switcher:
 
     @property
     def choice(self) -> Choice | None:
-        return self._stack[-1] if self._stack else None
+        """The choice in force: the innermost `%%on_gpu` block's, else the kernel's."""
+        return self._blocks[-1] if self._blocks else self._base
+
+    @property
+    def base(self) -> Choice | None:
+        """The kernel's choice, which applies outside (and after) any `%%on_gpu` block."""
+        return self._base
+
+    @property
+    def block(self) -> Choice | None:
+        """The innermost `%%on_gpu` block running, if any."""
+        return self._blocks[-1] if self._blocks else None
 
     def use(self, choice: Choice | None) -> Applied:
-        """Make `choice` the kernel's device from now on (None forgets it)."""
+        """Make `choice` the kernel's device from now on (None forgets it); inside a `%%on_gpu`
+        block, from the block's end on (nothing is switched now: the Applied is empty)."""
         with self._lock:
-            base = self._stack[:1]
-            self._stack[:1] = [choice] if choice else []
+            base, self._base = self._base, choice
+            if self._blocks:
+                return Applied()
             if choice is None:
-                return self._apply_default(None) if base and base[0].default else Applied()
+                return self._apply_default(None) if base is not None and base.default else Applied()
             return self.apply_all()
+
+    def assign(self, choice: Choice) -> None:
+        """Make `choice` the kernel's device as a kernel starting on it gets it (the server's
+        assignment, taken at the warm pool's hand-over): each framework imported already is
+        switched as if it had just been imported — not asked whether it can use a GPU, which would
+        start CUDA's driver; torch queues the switch for its own start-up."""
+        with self._lock:
+            self._base = choice
+            if self._blocks:
+                return  # applied when the block ends
+        for fw in self._loaded():
+            self.on_import(fw.module)
 
     def apply_all(self) -> Applied:
         applied = Applied()
@@ -156,7 +187,8 @@ class Switcher:
         torch = self.framework("torch")
         saved_default = torch.default_device() if torch is not None and torch.loaded() else None
         with self._lock:
-            self._stack.append(choice)
+            base = self._base
+            self._blocks.append(choice)
             saved_owned = (self._saved_torch_default, self._torch_default_owned)
             self._torch_default_owned = False
         try:
@@ -164,8 +196,20 @@ class Switcher:
             yield applied
         finally:
             with self._lock:
-                self._stack.pop()
+                self._blocks.pop()
                 self._restore(saved, saved_default, saved_owned)
+                if self._base is not base and not self._blocks:
+                    self._base_changed(base)
+
+    def _base_changed(self, before: Choice | None) -> None:
+        """A block has ended after a `use` inside it: the new base in force, as `use` puts it."""
+        try:
+            if self._base is not None:
+                self.apply_all()
+            elif before is not None and before.default:
+                self._apply_default(None)
+        except Exception:
+            pass  # never mask the cell's own exception (the next cell's enforce() tries again)
 
     def _restore(self, saved, saved_default, saved_owned) -> None:
         for fw in self._loaded():

@@ -87,6 +87,8 @@ class Step:
     cuda: str = ""  # after an import: "driver" or "context" when it touched CUDA (core/cuda_driver.py)
     overlap: bool = False  # an import that runs in the background while the next steps go on
     first_use: bool = False  # an import a library makes on its first use: after the GPU work
+    waits: bool = False  # skipped until the notebook's set-up or device line has run (typed cells try again)
+    ordinal: int | None = None  # another device's copy of the work (None: the plan's first device)
     # what to do, for the warm-up (not shown)
     module: str = ""
     names: tuple[str, ...] = ()
@@ -126,7 +128,7 @@ class Plan:
     def as_dict(self) -> dict:
         d = asdict(self)
         for step in d["steps"]:
-            for key in ("module", "names", "op", "framework", "env"):
+            for key in ("module", "names", "op", "framework", "env", "waits", "ordinal"):
                 step.pop(key, None)
         return d
 

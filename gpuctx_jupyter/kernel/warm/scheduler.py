@@ -24,11 +24,12 @@ import threading
 import time
 
 from ...contract import DEFAULT_OPS, STANDBY
-from ...core import cuda_driver, inventory, preload
+from ...core import cuda_driver, preload
 from ...core import frameworks as fws
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
+from .devices import devices_of, why_no_gpu_work
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
@@ -54,6 +55,10 @@ class Warmer:
         self.status = WarmState()
         self.plan: Plan | None = None  # what the running or last warm-up does (as_dict(), lines())
         self.import_budget = plans.IMPORT_BUDGET_S
+        # set while this thread runs torch's lazy CUDA init: a cell or thread that starts meanwhile
+        # waits for it (torch's init lock) and then takes its device (switching.py, threads.py)
+        self.starting_cuda = threading.Event()
+        self._unloaded = False  # gpuctx unloaded: this warm-up takes no further step (stop())
         self._thread: threading.Thread | None = None
         self._pending: tuple | None = None  # a start scheduled for the kernel's first kernel_info reply
         self._grace: threading.Timer | None = None
@@ -94,7 +99,7 @@ class Warmer:
         """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
         notebook never holds up the kernel). False when a warm-up is already running."""
         with self._lock:
-            if self._thread is not None and self._thread.is_alive() and not self._exiting:
+            if self._unloaded or (self._thread is not None and self._thread.is_alive() and not self._exiting):
                 return False
             self._pending, self._exiting = None, False
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
@@ -161,6 +166,14 @@ class Warmer:
             if self._grace is not None:
                 self._grace.cancel()
             self._grace = side.timer(grace, self.go)
+
+    def stop(self) -> None:
+        """gpuctx is unloaded: no scheduled start, no plan after this one, and no further step (the
+        one under way ends on its own; a later start_plan does nothing)."""
+        self.cancel_scheduled()
+        with self._cond:
+            self._unloaded = True
+            self._cond.notify_all()
 
     def cancel_scheduled(self) -> None:
         """Forget a scheduled start that has not begun (unloading)."""
@@ -230,7 +243,14 @@ class Warmer:
             # The cell may need what is being imported: let that import finish first (unheld, as
             # for a cell within a cell), rather than have it compete or meet a half-imported package.
             GATE.open()
-            importing.wait(max(0.0, deadline - time.monotonic()))
+            try:  # in slices: a signal another thread received (Interrupt) is seen between them
+                while not importing.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+                    if time.monotonic() >= deadline:
+                        break
+            finally:  # (an Interrupt meanwhile stops the cell: state.py)
+                with self._cond:
+                    self._regate()
+            return
         with self._cond:  # then the warm-up's imports stand still until no cell runs
             self._regate()
 
@@ -285,11 +305,14 @@ class Warmer:
                 self._turn(reading, heavy=False)
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
-        except _SteppedAside:
-            for s in self.plan.steps:
+        except _SteppedAside as exc:
+            unloaded = isinstance(exc, _Unloaded)
+            why = "gpuctx was unloaded" if unloaded else "your own GPU cell started first"
+            for s in self.plan.steps if self.plan is not None else ():
                 if s.state in ("planned", "running"):
-                    s.state, s.detail = "skipped", "your own GPU cell started first"
-            st.state, st.detail = "done", "stopped early: your first GPU cell started and does the rest itself"
+                    s.state, s.detail = "skipped", why
+            st.state, st.detail = ("off", "stopped: gpuctx was unloaded (%unload_ext)") if unloaded else (
+                "done", "stopped early: your first GPU cell started and does the rest itself")
         except BaseException as exc:  # noqa: BLE001 — a warm-up must never take the kernel down
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
             log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
@@ -329,7 +352,7 @@ class Warmer:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
         self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.held()
-        reason, decided = None, False
+        reason, decided, waits = None, False, False
         for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
                 return  # a newer plan (typed cells) takes over from here: _run carries it out
@@ -344,11 +367,13 @@ class Warmer:
             if not decided:
                 imported = [s.framework for s in plan.steps if s.framework and s.kind in ("import", "framework")
                             and s.state in ("done", "running")]
-                reason, decided = self._gpu_reason(plan, imported), True
+                reason, decided = why_no_gpu_work(plan, imported, self._turn), True
+                waits = bool(reason) and plan.gpu and reason.endswith(plan.gpu_blocked or "\0")
             if reason:
                 self._cpu_steps(plan, todo)
                 short = reason.split("; ", 1)[-1].split(":", 1)[0]  # "no GPU is visible", ...
                 for s in todo:
+                    s.waits = waits  # (for the notebook's line: typed cells warm the GPU once it has run)
                     if s.state == "planned":
                         s.state, s.detail = "skipped", short
             else:
@@ -377,7 +402,7 @@ class Warmer:
         last one (longer before a heavy step); a cell waiting on the warm-up lets it go on. Returns
         the cells started by then (read under the lock: a cell started later overlaps the step)."""
         with self._cond:
-            while not (self._waiters or self._cell_waits or self._stepping_aside):
+            while not (self._waiters or self._cell_waits or self._stepping_aside or self._unloaded):
                 if self._cells == 0:
                     need = HEAVY_IDLE_S if heavy else LIGHT_IDLE_S
                     idle = need if self._last_cell_end is None else time.monotonic() - self._last_cell_end
@@ -387,6 +412,8 @@ class Warmer:
                 else:
                     self.status.phase = f"starting {step.name} once your cells finish"
                     self._cond.wait(1.0)
+            if self._unloaded:
+                raise _Unloaded
             self.status.phase = step.name
             return self._cells_started
 
@@ -401,6 +428,14 @@ class Warmer:
         if ran and handles:
             self._holds_handles = True
         return ran
+
+    def starting_cuda_while(self, fn):
+        """`fn()`, said to be starting CUDA (the starting_cuda event) while it runs."""
+        self.starting_cuda.set()
+        try:
+            return fn()
+        finally:
+            self.starting_cuda.clear()
 
     def import_module(self, step: Step) -> None:
         self._import(step)
@@ -488,6 +523,8 @@ class Warmer:
                 self._importing = done
             threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
             while not done.wait(0.1):
+                if self._unloaded:
+                    raise _Unloaded
                 if self._stepping_aside:  # the import goes on in its own thread, which holds no handles
                     raise _SteppedAside
                 if time.monotonic() >= self._deadline:
@@ -519,67 +556,16 @@ class Warmer:
                 step.detail = "; ".join(x for x in (step.detail, f"it started CUDA ({step.cuda})") if x)
 
     # -- GPU and CPU work ---------------------------------------------------------------------
-    def _gpu_reason(self, plan: Plan, imported) -> str | None:
-        """Why no GPU work is done here (None: go ahead)."""
-        names = ", ".join(imported) or "nothing"
-        if plan.gpu_blocked or not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
-            return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}"
-        self._turn(Step("gpu", "the GPU check"), heavy=False)  # (asking torch holds the GIL a while)
-        why = inventory.take().no_gpu_reason()
-        if why:
-            return f"imported {names} only; no GPU is visible: {why}"
-        if "torch" in plan.frameworks and "torch" in imported:
-            cuda_driver.init()  # what asking torch starts, without the GIL (the kernel's thread runs on)
-            reason = fws.TORCH.gpu_reason()
-            if reason:
-                return f"imported {names} only; {reason}"
-        return None
-
-    def _devices(self, plan: Plan, device) -> list[int]:
-        """CUDA ordinals to warm: the notebook's, else the given one, else the kernel's choice."""
-        ordinals = []
-        if plan.devices:
-            from ...core.devices import SpecError, parse_spec
-
-            devices = inventory.take().devices
-            for spec in plan.devices:
-                if spec.strip().lower() == "auto":
-                    plan.notes.append("`%gpu use auto` picks its device when it runs: the kernel's device is warmed")
-                    continue
-                try:
-                    ordinal = parse_spec(spec, devices).ordinal
-                except SpecError as exc:
-                    plan.notes.append(f"device {spec!r} named by the notebook: {exc}")
-                    continue
-                if ordinal not in ordinals:
-                    ordinals.append(ordinal)
-        if ordinals:
-            self._follow_notebook(plan, ordinals[0])
-            return ordinals
-        if device is None:
-            device = self.switcher.choice.ordinal if self.switcher and self.switcher.choice else 0
-        return [device]
-
-    def _follow_notebook(self, plan: Plan, ordinal: int) -> None:
-        """What the notebook says wins over the server's assignment: start the kernel on it."""
-        sw = self.switcher
-        if sw is None or (sw.choice is not None and sw.choice.ordinal == ordinal):
-            return
-        if sw.choice is None or sw.choice.assigned:
-            from ..switching import Choice
-
-            sw.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
-
     def _gpu_steps(self, plan: Plan, device, steps: list[Step]) -> None:
         """One batch of GPU work, on each device the notebook uses (the first batch picks them)."""
         if self._ordinals is None:
-            self._ordinals = self._devices(plan, device)
+            self._ordinals = devices_of(plan, device, self.switcher)
             self.status.device = self._ordinals[0]
         for i, ordinal in enumerate(self._ordinals):
             batch = steps
             if i:  # another device: the same work again, shown as its own steps
                 batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
-                              framework=s.framework, names=s.names) for s in steps]
+                              framework=s.framework, names=s.names, ordinal=ordinal) for s in steps]
                 plan.steps += batch
             for fw in RECIPES:
                 mine = [s for s in batch if s.framework == fw]
@@ -598,3 +584,6 @@ class _SteppedAside(Exception):
     """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread
     exits now, so that its handles go back to torch's pools for the user's thread."""
 
+
+class _Unloaded(_SteppedAside):
+    """gpuctx was unloaded while the warm-up ran: the thread ends at its next turn."""

@@ -48,7 +48,7 @@ def accept(state, shell, content) -> dict:
     if cfg.policy == "auto" and not facts.wants_gpu()[0]:
         return {**reply, "warmup": state.warmer.status.state,
                 "detail": "policy auto: these cells use no GPU framework, so nothing is warmed for them"}
-    choice = getattr(state.switcher, "choice", None)
+    choice = getattr(state.switcher, "base", None)  # the kernel's own choice, not a %%on_gpu block's
     derived = typed_plan(cfg, path, facts, choice)
     warmer = state.warmer
     new = [s for s in merge(derived, warmer.plan).steps if s.state == "planned"]
@@ -100,14 +100,21 @@ def key(step: Step) -> tuple:
         return ("setup", step.env or step.name)
     if step.module and not step.op:
         return ("import", step.module, tuple(step.names))
-    return ("work", step.framework, step.op, tuple(step.names), step.name if " on cuda:" in step.name else "")
+    return ("work", step.framework, step.op, tuple(step.names), step.ordinal)
 
 
-def _kept(step: Step) -> bool:
+def _kept(step: Step, derived: Plan) -> bool:
     """A step of the plan in hand that the new plan takes as it is: done, running, failed, still to
     do, or skipped when it ran — no GPU here, left to the user's own GPU cell (warming it again would
-    only cost a second set of library handles). Only an import the budget left out is tried again."""
-    return not (step.state == "skipped" and "import budget" in step.detail)
+    only cost a second set of library handles). Tried again: an import the budget left out, GPU
+    work that waited for a set-up or device line the new plan no longer waits for (its cell has
+    run; done on the CPU meanwhile, or skipped), and a setting (what the environment says now
+    decides)."""
+    if step.waits and not derived.gpu_blocked and step.state in ("done", "skipped"):
+        return False
+    if step.state != "skipped":
+        return True
+    return not ("import budget" in step.detail or step.kind == "setup")
 
 
 def merge(derived: Plan, previous: Plan | None) -> Plan:
@@ -123,7 +130,7 @@ def merge(derived: Plan, previous: Plan | None) -> Plan:
     steps = []
     for step in derived.steps:
         mine = old.get(key(step))
-        if mine is not None and _kept(mine):
+        if mine is not None and _kept(mine, derived):
             taken.add(id(mine))
             steps.append(mine)
         else:

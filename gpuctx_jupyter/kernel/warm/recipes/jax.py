@@ -30,20 +30,27 @@ class JaxRecipe:
                 step.state, step.detail = "skipped", (f"JAX would preallocate {fraction:.0%} of every GPU: set "
                                                       "XLA_PYTHON_CLIENT_PREALLOCATE=false to have it warmed")
                 continue
-            if ordinal is not None:
+            if ordinal is not None and not step.name.endswith(f" on cuda:{ordinal}"):
                 step.name = f"{step.name} on cuda:{ordinal}"
-            run.phase(step, lambda: jit_tiny(ordinal), heavy=True, handles=ordinal is not None)
+            why = []
+            if run.phase(step, lambda: why.append(jit_tiny(ordinal)), heavy=True, handles=ordinal is not None) \
+                    and why[0]:
+                step.state, step.detail = "skipped", why[0]
 
 
 RECIPE = JaxRecipe()
 
 
-def jit_tiny(ordinal: int | None) -> None:
+def jit_tiny(ordinal: int | None) -> str | None:
+    """A tiny jit(grad) on cuda:`ordinal` (None: the CPU); why not, where this JAX cannot."""
     import jax
     import jax.numpy as jnp
 
     devices = [d for d in jax.devices() if d.platform != "cpu"] if ordinal is not None else jax.devices("cpu")
+    if not devices:  # a CPU-only jaxlib beside a GPU
+        return "this JAX has no GPU backend (jax[cuda] installs one): its jit runs on the CPU"
     dev = devices[ordinal] if ordinal is not None and ordinal < len(devices) else devices[0]
     f = jax.jit(jax.grad(lambda w, x: jnp.sum(jnp.tanh(x @ w) ** 2)))
     w, x = jax.device_put(jnp.ones((16, 16)), dev), jax.device_put(jnp.ones((8, 16)), dev)
     f(w, x).block_until_ready()
+    return None

@@ -13,7 +13,8 @@ class NumbaRecipe:
     def gpu(self, run, steps: list[Step], ordinal: int) -> None:
         for step in steps:
             if step.state == "planned" and step.op == "numba_jit":
-                step.name = f"{step.name} on cuda:{ordinal}"
+                if not step.name.endswith(f" on cuda:{ordinal}"):
+                    step.name = f"{step.name} on cuda:{ordinal}"
                 run.phase(step, lambda: jit_tiny(ordinal), heavy=True)
 
     def cpu(self, run, steps: list[Step]) -> None:

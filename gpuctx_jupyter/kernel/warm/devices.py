@@ -1,0 +1,65 @@
+"""Where a plan's GPU work goes: whether any is done here (and why not), and on which devices —
+the notebook's, else the kernel's."""
+from __future__ import annotations
+
+from ...core import cuda_driver, inventory
+from ...core import frameworks as fws
+from .plan import Plan, Step
+
+
+def why_no_gpu_work(plan: Plan, imported, turn) -> str | None:
+    """Why no GPU work is done here (None: go ahead); `turn(step, heavy)` waits for the check's
+    turn. A plan whose GPU work waits for the notebook's own set-up or device line ends with that
+    reason (plan.gpu_blocked) where a GPU is visible: NVML says so without starting CUDA, which
+    would read the setting too early."""
+    names = ", ".join(dict.fromkeys(imported)) or "nothing"
+    if not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
+        return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}"
+    turn(Step("gpu", "the GPU check"), heavy=False)  # (asking torch holds the GIL a while)
+    why = inventory.take().no_gpu_reason()
+    if why:
+        return f"imported {names} only; no GPU is visible: {why}"
+    if plan.gpu_blocked:
+        return f"imported {names} only; {plan.gpu_blocked}"
+    if "torch" in plan.frameworks and "torch" in imported:
+        cuda_driver.init()  # what asking torch starts, without the GIL (the kernel's thread runs on)
+        reason = fws.TORCH.gpu_reason()
+        if reason:
+            return f"imported {names} only; {reason}"
+    return None
+
+
+def devices_of(plan: Plan, device, switcher) -> list[int]:
+    """CUDA ordinals to warm: those the notebook names, else `device`, else the kernel's choice.
+    What the notebook names wins over the server's assignment: the kernel is started on it."""
+    ordinals = []
+    if plan.devices:
+        from ...core.devices import SpecError, parse_spec
+
+        devices = inventory.take().devices
+        for spec in plan.devices:
+            if spec.strip().lower() == "auto":
+                plan.notes.append("`%gpu use auto` picks its device when it runs: the kernel's device is warmed")
+                continue
+            try:
+                ordinal = parse_spec(spec, devices).ordinal
+            except SpecError as exc:
+                plan.notes.append(f"device {spec!r} named by the notebook: {exc}")
+                continue
+            if ordinal not in ordinals:
+                ordinals.append(ordinal)
+    if ordinals:
+        _follow_notebook(plan, ordinals[0], switcher)
+        return ordinals
+    if device is None:
+        device = switcher.base.ordinal if switcher and switcher.base else 0  # (not a %%on_gpu block's)
+    return [device]
+
+
+def _follow_notebook(plan: Plan, ordinal: int, switcher) -> None:
+    if switcher is None or (switcher.base is not None and switcher.base.ordinal == ordinal):
+        return
+    if switcher.base is None or switcher.base.assigned:
+        from ..switching import Choice
+
+        switcher.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
