@@ -178,24 +178,14 @@ def test_an_interrupt_while_a_cell_waits_for_the_warm_ups_import_stops_the_cell_
     as it stops any cell (KeyboardInterrupt, the cell's code not run) — no traceback of gpuctx's."""
     kc, log = importing(modules=3000)  # ~30 s of import left
     msg_id = kc.execute("import gpuctx_manymods\nprint('the cell ran')")
-    texts = []
-
-    def the_cell_began():
-        while True:
-            try:
-                msg = kc.get_iopub_msg(timeout=0.2)
-            except Exception:  # noqa: BLE001 — nothing more for now
-                return False
-            if msg["parent_header"].get("msg_id") == msg_id:
-                texts.append(msg["content"].get("text", ""))
-                if msg["msg_type"] == "execute_input":
-                    return True
-    assert wait_for(the_cell_began, timeout=30)
+    waiting = wait_for(lambda: (w := warmup_now(kc))["cell_waits"] and w, timeout=30)  # (the control channel)
+    assert waiting["cell_waits"] == "import gpuctx_manymods", waiting
     kc.control_channel.send(kc.session.msg("interrupt_request", {}))
     reply = reply_to(kc, msg_id, timeout=10)["content"]  # not once the import is done
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
     r = run(kc, "print(1 + 1)")  # the kernel works on
     assert r.reply["status"] == "ok" and r.stdout.strip() == "2", r.stderr
+    texts = []
     while True:  # what the interrupted cell printed
         try:
             msg = kc.get_iopub_msg(timeout=0.2)

@@ -438,8 +438,15 @@ def test_a_cell_read_again_gives_the_same_facts_and_an_edited_one_its_new_facts(
     as it now stands."""
     from gpuctx_jupyter.contract.notebook import facts_from_sources
 
+    from gpuctx_jupyter.contract.notebook import _cell_facts
+
     first = facts_from_sources(["import torch\nx = torch.ones(3, device='cuda:1')", "%gpu use 0"])
+    hits = _cell_facts.cache_info().hits
     again = facts_from_sources(["import torch\nx = torch.ones(3, device='cuda:1')", "%gpu use 0"])
+    assert _cell_facts.cache_info().hits == hits + 2  # neither cell parsed again
+    again.frameworks["jax"] = again.frameworks["torch"]  # a reader's own copy: changing it changes no other
+    assert "jax" not in facts_from_sources(["import torch\nx = torch.ones(3, device='cuda:1')", "%gpu use 0"]).frameworks
+    del again.frameworks["jax"]
     assert (again.frameworks, again.events, again.cuda_literals, again.magics) == (
         first.frameworks, first.events, first.cuda_literals, first.magics)
     edited = facts_from_sources(["import jax\nx = 1", "%gpu use 0"])

@@ -472,3 +472,27 @@ def test_a_containers_page_cache_does_not_count_as_memory_it_holds(tmp_path):
     (v1 / "memory.stat").write_text(f"cache {5 * GIB}\ninactive_file {GIB}\ntotal_inactive_file {3 * GIB}\n")
     room = host_memory.available(proc=str(proc), cgroup=str(cg), pid=42)
     assert room.limit == "cgroup" and room.available == 4 * GIB  # 8 - (7 - 3): the hierarchy's total
+
+
+def test_a_helpers_answer_is_read_on_a_descriptor_past_1024():
+    """A busy kernel (data loaders, sockets, files) has descriptors past select()'s limit: the
+    restore helper's answer is still read."""
+    import resource
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.kernel.suspend import _outcome_of
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this process may open at most {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    r, w = os.pipe()
+    high = os.dup2(r, 1100)
+    try:
+        os.write(w, b'{"ready": true}\n{"ok": true, "seconds": 0.5}\n')
+        helper = SimpleNamespace(stdout=SimpleNamespace(fileno=lambda: high))
+        assert _outcome_of(helper, time.monotonic() + 5) == {"ok": True, "seconds": 0.5}
+    finally:
+        for fd in (r, w, high):
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -346,41 +346,137 @@ async def test_a_resume_of_a_kernel_that_cannot_answer_goes_to_the_helper_at_onc
     assert (await arun(kernel, "print('runs')")).stdout.endswith("runs\n")
 
 
-async def test_the_servers_shutdown_stops_a_hung_suspend_before_it_awaits_its_tasks():
-    """Culling's suspends run as background tasks, which the server's shutdown awaits: one that
-    hangs is pre-empted first, not waited for (up to suspend_timeout)."""
-    entered, calls = asyncio.Event(), []
+class Manager:
+    """The kernel manager's methods the lifecycle wraps, recording how each kernel was stopped."""
 
-    class Manager:  # the kernel manager's methods the lifecycle wraps
-        log = None
+    log = None
 
-        def __contains__(self, kid):
-            return True
+    def __init__(self, kernels=("k1",)):
+        self.kernels, self.calls = list(kernels), []
 
-        async def shutdown_all(self, *args, **kwargs):
-            calls.append("shutdown_all")
+    def __contains__(self, kid):
+        return kid in self.kernels
 
-        async def restart_kernel(self, *args, **kwargs): ...
+    def list_kernel_ids(self):
+        return list(self.kernels)
 
-        async def shutdown_kernel(self, *args, **kwargs): ...
+    async def shutdown_all(self, *args, **kwargs):
+        self.calls.append(("shutdown_all", sorted(self.kernels)))
 
-        async def interrupt_kernel(self, *args, **kwargs): ...
+    async def restart_kernel(self, kid, *args, **kwargs):
+        self.calls.append(("restart", kid, kwargs.get("now", False)))
 
-        async def start_kernel(self, *args, **kwargs): ...
+    async def shutdown_kernel(self, kid, *args, **kwargs):
+        self.calls.append(("shutdown", kid, kwargs.get("now", False)))
+        self.kernels.remove(kid)
+
+    async def interrupt_kernel(self, *args, **kwargs): ...
+
+    async def start_kernel(self, *args, **kwargs): ...
+
+
+def hung_lifecycle(kernels=("k1",), suspended=(), unwinds: bool = True):
+    """A lifecycle whose suspends hang (a helper that never answers); with unwinds=False their
+    unwinding hangs too, as a killed helper inside a driver call that never returns does."""
+    entered, forgotten = asyncio.Event(), []
 
     async def hung_suspend(kid, by):
         entered.set()
-        await asyncio.Event().wait()  # a helper that never answers
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if not unwinds:
+                await asyncio.Event().wait()  # awaiting the killed helper's end
+            raise
 
-    manager = SimpleNamespace(suspend=hung_suspend, resume=hung_suspend, is_suspended=lambda kid: False,
-                              forget=lambda kid: None)
+    manager = SimpleNamespace(suspend=hung_suspend, resume=hung_suspend, is_suspended=lambda kid: kid in suspended,
+                              forget=forgotten.append)
     background = Background(None)
-    lifecycle = Lifecycle(Manager(), None, background, suspend=manager)
+    lifecycle = Lifecycle(Manager(kernels), None, background, suspend=manager)
+    return lifecycle, background, entered, forgotten
+
+
+async def test_the_servers_shutdown_stops_a_hung_suspend_before_it_awaits_its_tasks():
+    """Culling's suspends run as background tasks, which the server's shutdown awaits: one that
+    hangs is pre-empted first, not waited for (up to suspend_timeout). Its kernel and a suspended
+    one are stopped at once (now=True), not asked politely by jupyter_server's shutdown_all (its
+    shutdown_wait_time each); the others are left to it."""
+    lifecycle, background, entered, forgotten = hung_lifecycle(("k1", "k2", "k3"), suspended={"k2"})
     culled = background.spawn(suspend.run(lifecycle.actions, "suspend", "k1", by="culling"), "culling k1")
     await asyncio.wait_for(entered.wait(), 5)
     await asyncio.wait_for(lifecycle.shutdown_all(), 5)
-    assert calls == ["shutdown_all"] and isinstance(culled.exception(), suspend.Refused)
+    *shutdowns, last = lifecycle.mkm.calls
+    assert sorted(shutdowns) == [("shutdown", "k1", True), ("shutdown", "k2", True)]
+    assert last == ("shutdown_all", ["k3"])
+    assert sorted(forgotten) == ["k1", "k2"] and isinstance(culled.exception(), suspend.Refused)
     assert culled.exception().message == "the suspend was stopped: the kernel is being shut down"
+
+
+async def test_a_restart_goes_on_when_the_stopped_suspend_does_not_unwind(monkeypatch):
+    """A helper inside a driver call that does not return outlives its SIGKILL, and the suspend
+    awaiting its end never unwinds: the restart waits for it UNWIND_S at most, then restarts the
+    kernel at once; the suspend's caller gets its 409 all the same, and so does the server's
+    shutdown behind another such suspend."""
+    from gpuctx_jupyter.server import lifecycle as lifecycle_module
+
+    monkeypatch.setattr(lifecycle_module, "UNWIND_S", 0.2)
+    lifecycle, background, entered, _ = hung_lifecycle(("k1", "k2"), unwinds=False)
+    suspending = asyncio.ensure_future(suspend.run(lifecycle.actions, "suspend", "k1"))
+    await asyncio.wait_for(entered.wait(), 5)
+    await asyncio.wait_for(lifecycle.restart_kernel("k1"), 5)
+    assert lifecycle.mkm.calls == [("restart", "k1", True)]
+    with pytest.raises(suspend.Refused, match="the suspend was stopped: the kernel is being restarted"):
+        await asyncio.wait_for(suspending, 5)
+    entered.clear()
+    culled = background.spawn(suspend.run(lifecycle.actions, "suspend", "k2", by="culling"), "culling k2")
+    await asyncio.wait_for(entered.wait(), 5)
+    await asyncio.wait_for(lifecycle.shutdown_all(), 5)
+    assert lifecycle.mkm.calls[1:] == [("shutdown", "k2", True), ("shutdown_all", ["k1"])]
+    assert isinstance(culled.exception(), suspend.Refused)
+
+
+async def test_a_cancelled_checkpoint_helper_that_outlives_sigkill_is_not_waited_for(monkeypatch):
+    """SIGKILL does not end a process inside an uninterruptible driver call until that call
+    returns. The helper's end is awaited KILL_WAIT_S at most, whether the action was cancelled (a
+    restart pre-empted it) or ran past its timeout; the log names the helper left behind."""
+    from gpuctx_jupyter.server import checkpointer
+
+    spawned, warnings = [], []
+
+    class Stuck:  # the helper's asyncio process: its output and its end never come
+        pid = 4242
+
+        def __init__(self):
+            self.killed = False
+            spawned.append(self)
+
+        async def communicate(self):
+            await asyncio.Event().wait()
+
+        def kill(self):
+            self.killed = True
+
+        async def wait(self):
+            await asyncio.Event().wait()
+
+    async def create_subprocess_exec(*args, **kwargs):
+        return Stuck()
+
+    monkeypatch.setattr(checkpointer.asyncio, "create_subprocess_exec", create_subprocess_exec)
+    monkeypatch.setattr(checkpointer, "KILL_WAIT_S", 0.2)
+    log = SimpleNamespace(warning=lambda *args: warnings.append(args[0] % args[1:]))
+    helper = checkpointer.HelperCheckpointer(timeout=0.2, log=log)
+    suspending = asyncio.ensure_future(helper.suspend(1234, 500, "token"))
+    assert await wait_until(lambda: spawned, timeout=5)
+    suspending.cancel()
+    try:
+        await asyncio.wait([suspending], timeout=5)
+        assert suspending.cancelled() and spawned[0].killed
+    finally:
+        suspending.cancel()
+    outcome = await asyncio.wait_for(helper.resume(1234), 5)  # past its timeout
+    assert not outcome.ok and "did not finish within 0.2 s" in outcome.error and spawned[1].killed
+    assert len(warnings) == 2 and "helper 4242 (suspend of pid 1234) has not ended" in warnings[0], warnings
 
 
 def server_busy(gpuctx, kid: str) -> str | None:

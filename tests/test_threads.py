@@ -425,8 +425,11 @@ def test_only_torchs_cuda_init_in_the_warm_up_makes_cells_and_threads_wait_for_c
                       "import torch._dynamo", "optimizer step (AdamW) on the CPU"):
             st.warmer.status.phase = phase
             assert st.switcher.cuda_starting() is False, phase
-        assert st.warmer.starting_cuda_while(st.switcher.cuda_starting) is True
-        assert st.switcher.cuda_starting() is False
+        from gpuctx_jupyter.kernel.warm.plan import Step
+
+        seen = []  # the turn of torch's CUDA start (taken under the cells' lock) until the step has run
+        st.warmer._phase(Step("gpu", "cuda init", op="cuda_init"), lambda: seen.append(st.switcher.cuda_starting()))
+        assert seen == [True] and st.switcher.cuda_starting() is False
     finally:
         st.warmer.cancel_scheduled()
 
@@ -470,3 +473,17 @@ def test_magics_carry_use_and_on_gpu_into_threads(shell, nvml_records, clean_env
     assert switcher.choice.ordinal == 1 and fw.current() == 1  # the main thread is restored
     assert switcher.threads_report()[0].startswith("threads: follow")
     shell.run_line_magic("gpu", "use --no-default")
+
+
+def test_a_device_assigned_at_the_hand_over_reaches_jax_and_cupy_with_the_first_cell_not_before():
+    """Switching JAX or CuPy starts their GPU backend: a standby handed over on the server's device
+    (on the control channel, within the hand-over's time) leaves that to the first cell, which a
+    fresh kernel's import cell would have paid too; torch's switch is queued for its CUDA start."""
+    torch, jax = Recording("torch", started=False), Recording("jax", started=None)
+    sw = Switcher(frameworks=(torch, jax))
+    sw.assign(Choice(1, source="the server (round-robin)"))
+    assert [c[:2] for c in jax.calls] == []  # nothing of JAX's touched at the hand-over
+    sw.enforce()  # the first cell
+    assert [c[:2] for c in jax.calls] == [("set_current", 1)]
+    sw.enforce()  # once only
+    assert [c[:2] for c in jax.calls] == [("set_current", 1)]

@@ -282,9 +282,10 @@ def _read_cell(number: int, src: str) -> _CellFacts:
 
 
 # A frontend sends every cell again a second after each pause in typing, and a notebook is read
-# again when saved: each cell is parsed once (per number and text), up to this many, this large.
-_CACHED_CELL_CHARS = 64 * 1024
-_cell_facts = functools.lru_cache(maxsize=4096)(_read_cell)
+# again when saved: each cell is parsed once (per number and text), up to this many, this large
+# (at most 32 MiB of cells kept; a larger cell is read each time).
+_CACHED_CELL_CHARS = 16 * 1024
+_cell_facts = functools.lru_cache(maxsize=2048)(_read_cell)
 
 
 class Reader:

@@ -403,6 +403,8 @@ def _outcome_of(helper: subprocess.Popen, deadline: float) -> dict | None:
     `deadline` (TimeoutError after it); None when it ended without one. Read from its pipe's
     descriptor, so that a helper stuck in a driver call cannot hold the kernel past the deadline."""
     fd, pending = helper.stdout.fileno(), b""
+    poller = select.poll()  # (not select(): a busy kernel's descriptors go past 1024)
+    poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
     while True:
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
@@ -412,7 +414,7 @@ def _outcome_of(helper: subprocess.Popen, deadline: float) -> dict | None:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(_too_long())
-        if select.select([fd], [], [], left)[0]:
+        if poller.poll(max(1, int(left * 1000))):
             chunk = os.read(fd, 65536)
             if not chunk:
                 return None

@@ -64,6 +64,7 @@ class Switcher:
         self._base: Choice | None = None
         self._blocks: list[Choice] = []  # the %%on_gpu blocks running, innermost last
         self._lock = threading.RLock()
+        self._on_first_cell: set[str] = set()  # frameworks `assign` switches before the first cell
         self._saved_torch_default: object = None
         self._torch_default_owned = False
         self.threads = ThreadFollower(self)
@@ -129,7 +130,10 @@ class Switcher:
             if self._blocks:
                 return  # applied when the block ends
         for fw in self._loaded():
-            self.on_import(fw.module)
+            if fw.name == "torch":
+                self.on_import(fw.module)
+            else:  # switching them starts their GPU backend: the user's first cell does it (enforce)
+                self._on_first_cell.add(fw.name)
 
     def apply_all(self) -> Applied:
         applied = Applied()
@@ -235,6 +239,11 @@ class Switcher:
         choice = self.choice
         if choice is None:
             return
+        if self._on_first_cell:
+            waiting, self._on_first_cell = self._on_first_cell, set()
+            for fw in self._loaded():
+                if fw.name in waiting:
+                    self._apply_one(fw, Applied(), ask=False)
         for fw in self._loaded():
             if fw.name not in ("torch", "cupy"):
                 continue

@@ -4,7 +4,10 @@
 its implementation, runs `python -m gpuctx_jupyter.checkpoint ACTION PID …` (core/checkpoint.py)
 as an asyncio subprocess, so that the event loop never waits on the driver and a driver fault or
 a call that never returns costs a helper, not the server; an action that is cancelled (a restart
-or shutdown of the kernel pre-empts it: lifecycle.py) kills its helper. On a machine without a
+or shutdown of the kernel pre-empts it: lifecycle.py) kills its helper and waits for its end at
+most KILL_WAIT_S: a helper inside a driver call that does not return (uninterruptible, D state)
+dies only once that call returns, and a restart must not wait for that (asyncio's child watcher
+reaps it whenever it ends; the log says which helper was left). On a machine without a
 GPU the same helper loads the stand-in libcuda the tests build (GPUCTX_LIBCUDA), so the CPU suite
 drives this code unchanged. Every outcome is a value (core.checkpoint.Outcome), never an exception.
 """
@@ -12,9 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Protocol
 
 from ..core.checkpoint import Outcome, Support, helper_command
+
+KILL_WAIT_S = 3.0  # a killed helper's end is awaited this long at most (one stuck in the driver outlives SIGKILL)
 
 
 class Checkpointer(Protocol):
@@ -30,8 +36,9 @@ class Checkpointer(Protocol):
 class HelperCheckpointer:
     """Each call runs one helper process (~0.1 s to start and load the driver, measured on the H200)."""
 
-    def __init__(self, python: str | None = None, timeout: float = 900.0):
+    def __init__(self, python: str | None = None, timeout: float = 900.0, log=None):
         self.python, self.timeout = python, timeout
+        self.log = log or logging.getLogger(__name__)
 
     async def _run(self, action: str, pid: int, *extra: str, timeout: float | None = None) -> tuple[dict, str]:
         proc = await asyncio.create_subprocess_exec(
@@ -41,10 +48,10 @@ class HelperCheckpointer:
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout or self.timeout)
         except asyncio.TimeoutError:
-            await _kill(proc)
+            await self._kill(proc, action, pid)
             return {}, f"the checkpoint helper did not finish within {timeout or self.timeout:g} s"
         except asyncio.CancelledError:  # a restart or shutdown pre-empted the action: the helper goes with it
-            await _kill(proc)
+            await self._kill(proc, action, pid)
             raise
         lines = out.decode(errors="replace").strip().splitlines()
         try:
@@ -78,10 +85,15 @@ class HelperCheckpointer:
         extra = [word for uuid, n in (need or {}).items() for word in ("--need", f"{uuid}={int(n)}")]
         return await self._outcome("resume", pid, *extra)
 
-
-async def _kill(proc) -> None:
-    try:
-        proc.kill()
-    except ProcessLookupError:  # it ended meanwhile
-        pass
-    await proc.wait()
+    async def _kill(self, proc, action: str, pid: int) -> None:
+        """SIGKILL the helper; wait for its end KILL_WAIT_S at most, then leave it (logged)."""
+        try:
+            proc.kill()
+        except ProcessLookupError:  # it ended meanwhile
+            return
+        try:
+            await asyncio.wait_for(proc.wait(), KILL_WAIT_S)
+        except asyncio.TimeoutError:
+            self.log.warning("gpuctx: the checkpoint helper %s (%s of pid %s) has not ended %g s after SIGKILL: "
+                             "it is inside a driver call that has not returned; it is left to end with that call",
+                             proc.pid, action, pid, KILL_WAIT_S)

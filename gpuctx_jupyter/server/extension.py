@@ -92,7 +92,7 @@ def load(serverapp) -> Server:
     background = Background(log)
     notebooks = Notebooks()
     reported: dict = {}  # kernel id -> (local pid, own pid) as kernels report them: the holders round, suspend, API
-    suspender = suspend.SuspendManager(serverapp, cfg, HelperCheckpointer(timeout=cfg.suspend_timeout),
+    suspender = suspend.SuspendManager(serverapp, cfg, HelperCheckpointer(timeout=cfg.suspend_timeout, log=log),
                                        replay.read if replay else inventory.take, reported, log)
     holders = Holders(serverapp, reported, query_timeout=cfg.kernel_query_timeout, suspend=suspender)
     # a gateway's kernels run elsewhere: no holders file to share with them

@@ -22,7 +22,9 @@ instant. The profile holds:
   and a standby holding it serves only notebooks whose CUDA start-up environment is the standby's;
 - what is true of one kernelspec only (a module not installed in its environment, a module left
   out so that its standby fits the standbys' share of host memory) is left out for that kernelspec
-  alone (`left_out`), in memory, and lapses as drops do.
+  alone (`left_out`), in memory, and lapses as drops do. A profile file kept under older rules
+  keeps only the drops today's make too (`DROP_REASON`): its drops for a spent budget ("did not
+  finish in time") and for what one environment lacked are forgotten on load.
 
 Capped by count and by import time: `modules(kernel_name)` is the list a standby imports, in that
 order.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -45,6 +48,8 @@ RECENT_NOTEBOOKS = 20  # notebooks read at start-up: the most recently modified 
 SCAN_ENTRIES = 5000  # folder entries looked at by the start-up scan at most
 HANG_FRACTION = 1 / 3  # an import still running after this share of the import budget hangs (20 s of 60)
 DROP_EXPIRES_S = 7 * 24 * 3600.0  # a dropped or left-out module is tried again after a week
+# the reasons `outcome` drops a module for: a profile file's drops for any other are forgotten on load
+DROP_REASON = re.compile(r"its import (failed|created a CUDA context|did not finish in \d+ s)")
 SKIP_DIRS = {"node_modules", "site-packages", "__pycache__", ".ipynb_checkpoints", ".git", ".venv", "venv"}
 
 
@@ -93,8 +98,8 @@ class ImportProfile:
     def outcome(self, module: str, state: str, seconds: float | None, cuda: str, detail: str = "",
                 kernel_name: str = "", paused_s: float = 0.0) -> None:
         """What importing `module` did in a standby of `kernel_name` (its plan step): keep its time,
-        drop what broke. `paused_s`: how long that standby stood stopped for running cells (its
-        clock ran on meanwhile)."""
+        drop what broke. `paused_s`: how long that standby stood stopped for running cells during
+        this import (its clock ran on meanwhile; standby.paused_during)."""
         entry = self.entries.get(module)
         if entry is None:
             if module in self.base and cuda == "context":
@@ -198,7 +203,9 @@ class ImportProfile:
             for item in raw.get("entries", []):
                 entry = Entry(**{k: item[k] for k in Entry.__dataclass_fields__ if k in item})
                 if isinstance(entry.module, str) and entry.module:
-                    if entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
+                    if entry.dropped and not (isinstance(entry.dropped, str) and DROP_REASON.match(entry.dropped)):
+                        entry.dropped, entry.dropped_at = "", 0.0  # under older rules, which no longer hold
+                    elif entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
                         entry.dropped_at = time.time()
                     self.entries[entry.module] = entry
         except (OSError, ValueError, TypeError, AttributeError):

@@ -11,8 +11,10 @@ is here, wrapped once, in this order, around jupyter_server's own methods:
   start                            2. gateway kernels: the warm-up request after the start
   shutdown_all                     the warm pool's processes first, then the holders round and
                                    the notebook reader stop, suspends and resumes in flight are
-                                   pre-empted, every background task is awaited, then
-                                   jupyter_server's own shutdown of its kernels
+                                   pre-empted and their kernels, with the suspended ones, shut
+                                   down at once (jupyter_server's shutdown_all would ask each
+                                   politely), every background task is awaited, then
+                                   jupyter_server's own shutdown of the other kernels
 
 One action at a time per kernel: jupyter_client restarts a kernel by stopping its process and
 starting a new one on the same ports: two restarts at once both stop the same process, and the
@@ -28,7 +30,10 @@ tracks. So every action on a kernel — gpuctx's routes, jupyter_server's own
   then the kernel's process is stopped at once (now=True: it may be locked or checkpointed, and
   its control thread may be what hangs), it is forgotten as suspended, and the log says so.
   Restart and shutdown are how a user gets out of a stuck kernel; a suspend may take minutes
-  (c.GpuctxServer.suspend_timeout) when the driver or the kernel hangs;
+  (c.GpuctxServer.suspend_timeout) when the driver or the kernel hangs. Its unwinding is waited
+  for UNWIND_S at most (a helper inside a driver call that does not return outlives SIGKILL):
+  then its callers get `Preempted` all the same, the restart goes on, and the log says what was
+  left to unwind;
 - any other action waits for the one in flight, then runs — unless that one ended the kernel: a
   restart queued behind a shutdown then does nothing, and jupyter_server answers 404 for a kernel
   that no longer exists, as it would had the restart come later;
@@ -40,7 +45,7 @@ A restart is in flight until the new kernel answers kernel_info (`Actions._until
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jupyter_core.utils import ensure_async
 from tornado import web
@@ -51,6 +56,7 @@ ACTIONS = ("restart_kernel", "shutdown_kernel", "interrupt_kernel")
 # what each action pre-empts (cancels) rather than waits for: the recovery actions end the long ones
 PREEMPTS = {"restart_kernel": ("suspend_kernel", "resume_kernel"),
             "shutdown_kernel": ("suspend_kernel", "resume_kernel")}
+UNWIND_S = 5.0  # a cancelled action's unwinding is waited for this long at most, then left to end alone
 
 
 class Busy(Exception):
@@ -89,6 +95,7 @@ class _InFlight:
     work: asyncio.Task | None = None  # the method itself, cancelled when pre-empted
     preempted_by: str | None = None
     preempted: str | None = None  # the action this one stopped before it ran
+    cancelled: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Actions:
@@ -134,12 +141,13 @@ class Actions:
         try:
             entry.work = asyncio.ensure_future(ensure_async(self._next[method](kernel_id, *args, **kwargs)))
             try:
-                await asyncio.wait([entry.work])
+                await asyncio.wait([entry.work, entry.cancelled], return_when=asyncio.FIRST_COMPLETED)
+                await self._unwound(kernel_id, entry)
             except asyncio.CancelledError:  # our caller gave up: so does the method, before the next action
-                entry.work.cancel()
-                await asyncio.wait([entry.work])
+                self._cancel(entry)
+                await self._unwound(kernel_id, entry)
                 raise
-            if entry.work.cancelled():
+            if entry.work.cancelled() or not entry.work.done():
                 raise Preempted(method, entry.preempted_by or "stopped")
             result = entry.work.result()
             if isinstance(result, asyncio.Future) and not result.done():
@@ -164,14 +172,33 @@ class Actions:
             return False
         if entry.preempted_by is None:
             entry.preempted_by = by
-            entry.work.cancel()
+            self._cancel(entry)
         return True
 
-    def stop_all(self, by: str) -> None:
+    @staticmethod
+    def _cancel(entry: _InFlight) -> None:
+        entry.work.cancel()
+        if not entry.cancelled.done():
+            entry.cancelled.set_result(None)
+
+    async def _unwound(self, kernel_id: str, entry: _InFlight) -> None:
+        """Once its method is cancelled, until it has unwound, UNWIND_S at most: then it is left to
+        end on its own (a helper stuck in a driver call outlives SIGKILL), and the log says so."""
+        if entry.work.done():
+            return
+        await asyncio.wait([entry.work], timeout=UNWIND_S)
+        if entry.work.done():
+            return
+        entry.work.add_done_callback(lambda t: t.cancelled() or t.exception())  # its end is no one's to read
+        if self.log is not None:
+            self.log.warning("gpuctx: kernel %s: its %s, stopped, had not ended %g s later (a call that does "
+                             "not return, such as a driver call); left to end on its own", kernel_id,
+                             entry.method.replace("_kernel", ""), UNWIND_S)
+
+    def stop_all(self, by: str) -> list[str]:
         """Pre-empt every action in flight that `by` pre-empts (the server's shutdown, before it
-        awaits its background tasks: a hung suspend must not hold it up)."""
-        for entry in list(self._inflight.values()):
-            self._stop(entry, by)
+        awaits its background tasks: a hung suspend must not hold it up); their kernels' ids."""
+        return [kernel_id for kernel_id, entry in list(self._inflight.items()) if self._stop(entry, by)]
 
     async def _until_answered(self, kernel_id: str, restarted: asyncio.Future) -> None:
         """A restart is in flight until the new kernel answers kernel_info. jupyter_server's restart
@@ -275,6 +302,23 @@ class Lifecycle:
             await self.pool.close()
         for stop in self.on_shutdown:
             stop()
-        self.actions.stop_all("shutdown_kernel")  # suspends and resumes in flight: their kernels stop next
+        await self._shutdown_at_once()
         await self.background.drain()
         return await ensure_async(self._own["shutdown_all"](*args, **kwargs))
+
+    async def _shutdown_at_once(self) -> None:
+        """Kernels whose suspend or resume is in flight (pre-empted here) and suspended ones are shut
+        down at once (now=True), before jupyter_server's shutdown_all: it calls its own shutdown
+        of each, not this chain, and would ask them politely (a wait of shutdown_wait_time each)."""
+        if self.suspend is None:
+            return
+        stopping = self.actions.stop_all("shutdown_kernel")
+        suspended = {kid for kid in self.mkm.list_kernel_ids() if self.suspend.is_suspended(kid)}
+        at_once = sorted(set(stopping) | suspended)
+        results = await asyncio.gather(*(self.shutdown_kernel(kid, now=True) for kid in at_once),
+                                       return_exceptions=True)
+        log = getattr(self.mkm, "log", None)
+        for kid, result in zip(at_once, results):
+            if isinstance(result, Exception) and log is not None:
+                log.warning("gpuctx: kernel %s could not be shut down at once: %s: %s", kid,
+                            type(result).__name__, result)

@@ -406,7 +406,7 @@ class Pool:
             name = str(st.get("name", ""))
             if st.get("kind") == "import" and name.startswith("import "):
                 self.profile.outcome(name.split()[1], st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
-                                     st.get("detail", ""), kernel_name=s.kernel_name, paused_s=s.paused_s)
+                                     st.get("detail", ""), kernel_name=s.kernel_name, paused_s=sb.paused_during(s, st))
         self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
                               "saving the import profile")
 

@@ -72,8 +72,9 @@ class Standby:
     imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
     driver: bool = False  # it has started the CUDA driver
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
-    paused_s: float = 0.0
+    paused_s: float = 0.0  # in all (its start's timeouts do not count it)
     _paused_at: float = 0.0
+    pauses: list[tuple[float, float]] = field(default_factory=list)  # (from, to), time.monotonic(): ended ones
     _rss: tuple[float, str, int | None] | None = None  # (when, state, bytes): the last reading
 
     @property
@@ -125,13 +126,20 @@ class Standby:
 
     def resume(self) -> None:
         if self.paused:
-            self.paused = False
-            self.paused_s += time.monotonic() - self._paused_at
+            self.paused, now = False, time.monotonic()
+            self.paused_s += now - self._paused_at
+            self.pauses.append((self._paused_at, now))
             try:
                 os.kill(self.pid, signal.SIGCONT)
             except OSError:
                 pass
             self._signal_below(signal.SIGCONT)
+
+    def paused_between(self, start: float, end: float) -> float:
+        """Seconds it stood paused between `start` and `end` (time.monotonic(), which is the
+        machine's one clock: a plan step's start, as the kernel reports it, is on it too)."""
+        spans = self.pauses + ([(self._paused_at, time.monotonic())] if self.paused else [])
+        return sum(max(0.0, min(end, to) - max(start, since)) for since, to in spans)
 
     def _signal_below(self, sig: int) -> None:
         for pid in procs.descendants(self.pid):
@@ -191,6 +199,15 @@ def needed(facts: Facts) -> set[str]:
     return {e.module for e in facts.imports()
             if e.module.split(".")[0] not in sys.stdlib_module_names and e.module.split(".")[0] != "__future__"
             } | ({INDUCTOR_MODULE} if "torch_compile" in facts.signals else set())
+
+
+def paused_during(s: Standby, step: dict) -> float:
+    """Seconds `s` stood paused during one of its plan steps, as it reports it (`started`, on
+    time.monotonic(), and `seconds`); for a step without its start, the last `seconds` before now."""
+    seconds = float(step.get("seconds") or 0.0)
+    started = step.get("started")
+    start = float(started) if isinstance(started, (int, float)) else time.monotonic() - seconds
+    return s.paused_between(start, start + seconds)
 
 
 def covered(s: Standby, wanted: set[str]) -> int:

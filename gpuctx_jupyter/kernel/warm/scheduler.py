@@ -55,8 +55,9 @@ class Warmer:
         self.status = WarmState()
         self.plan: Plan | None = None  # what the running or last warm-up does (as_dict(), lines())
         self.import_budget = plans.IMPORT_BUDGET_S
-        # set while this thread runs torch's lazy CUDA init: a cell or thread that starts meanwhile
-        # waits for it (torch's init lock) and then takes its device (switching.py, threads.py)
+        # set from the turn of torch's CUDA start (the cuda_init step) until it has run: a cell or
+        # thread that starts meanwhile waits for it (torch's init lock), then takes its device
+        # (switching.py, threads.py); set under the cells' lock, so no cell starts unseen between
         self.starting_cuda = threading.Event()
         self._unloaded = False  # gpuctx unloaded: this warm-up takes no further step (stop())
         self._thread: threading.Thread | None = None
@@ -243,11 +244,13 @@ class Warmer:
             # The cell may need what is being imported: let that import finish first (unheld, as
             # for a cell within a cell), rather than have it compete or meet a half-imported package.
             GATE.open()
+            self.status.cell_waits = self.status.phase
             try:  # in slices: a signal another thread received (Interrupt) is seen between them
                 while not importing.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
                     if time.monotonic() >= deadline:
                         break
             finally:  # (an Interrupt meanwhile stops the cell: state.py)
+                self.status.cell_waits = ""
                 with self._cond:
                     self._regate()
             return
@@ -415,6 +418,8 @@ class Warmer:
             if self._unloaded:
                 raise _Unloaded
             self.status.phase = step.name
+            if step.op == "cuda_init":  # a cell starting from now on waits for it (state.py)
+                self.starting_cuda.set()
             return self._cells_started
 
     # -- what a recipe may ask (recipes.Run) ------------------------------------------------------
@@ -428,14 +433,6 @@ class Warmer:
         if ran and handles:
             self._holds_handles = True
         return ran
-
-    def starting_cuda_while(self, fn):
-        """`fn()`, said to be starting CUDA (the starting_cuda event) while it runs."""
-        self.starting_cuda.set()
-        try:
-            return fn()
-        finally:
-            self.starting_cuda.clear()
 
     def import_module(self, step: Step) -> None:
         self._import(step)
@@ -456,6 +453,12 @@ class Warmer:
 
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
         cells = self._turn(step, heavy)
+        try:
+            return self._run_step(step, fn, cells)
+        finally:
+            self.starting_cuda.clear()  # (set by _turn for torch's CUDA start, under the cells' lock)
+
+    def _run_step(self, step: Step, fn, cells: int) -> bool:
         if self._stepping_aside:
             raise _SteppedAside
         if step.kind == "gpu" and self._user_gpu:

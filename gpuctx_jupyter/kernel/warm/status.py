@@ -16,6 +16,7 @@ class WarmState:
     started: float | None = None  # time.monotonic()
     finished: float | None = None
     first_cell_overlap: float | None = None  # how long the first cell ran while warm-up was busy
+    cell_waits: str = ""  # the warm-up's import that the cell starting now waits for (it may need it)
 
     @property
     def total(self) -> float | None:
@@ -26,7 +27,8 @@ class WarmState:
         where = f" on cuda:{self.device}" if self.device is not None else ""
         by = f", started by {self.source}" if self.source else ""
         if self.state == "running":
-            return f"running{where} (now: {self.phase}; done: {phases or 'nothing yet'}){by}"
+            waits = "; your cell waits for it to finish" if self.cell_waits else ""
+            return f"running{where} (now: {self.phase}{waits}; done: {phases or 'nothing yet'}){by}"
         if self.state == "off":
             return f"off ({self.detail})" if self.detail else "off"
         text = f"{self.state}{where}"

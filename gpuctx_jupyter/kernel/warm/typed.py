@@ -7,7 +7,8 @@ as they stand (debounced, never while a cell runs) through the server, which for
 control channel (contract.CELLS_REQUEST). Here they are checked again (`contract.cells`), read by
 the notebook reader exactly as a saved file would be (`facts_from_sources`), planned by the same
 recipe, and merged with the plan in hand: a step that is done, running, failed, planned already or
-left to the user's own GPU cell is kept as it is (never done twice); what is new is carried out
+left to the user's own GPU cell is kept as it is (never done twice; GPU work that waited for a
+typed device or setting line is done once that line has run: _kept); what is new is carried out
 next, in the order the cells need it, taking turns with the user's cells as every warm-up does.
 
 Refused, with one sentence, where warming is off (GPUCTX_WARM=0, policy never), fixed (the basic

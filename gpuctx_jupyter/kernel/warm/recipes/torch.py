@@ -58,10 +58,7 @@ class TorchRecipe:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
                         continue
-                    fn = work[step.op]
-                    if step.op == "cuda_init":
-                        fn = functools.partial(run.starting_cuda_while, fn)
-                    run.phase(step, fn, handles=step.op in HANDLE_OPS)
+                    run.phase(step, work[step.op], handles=step.op in HANDLE_OPS)
                 else:
                     step.state, step.detail = "skipped", f"unknown op {step.op!r}"
             if torch.cuda.is_initialized() and not run.user_gpu:
