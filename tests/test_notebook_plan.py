@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -453,3 +454,43 @@ def test_a_cell_read_again_gives_the_same_facts_and_an_edited_one_its_new_facts(
     assert list(edited.frameworks) == ["jax"] and edited.cuda_literals == []
     moved = facts_from_sources(["%gpu use 0", "import torch\nx = torch.ones(3, device='cuda:1')"])
     assert moved.magics.cell == 1 and moved.frameworks["torch"].cell == 2
+
+
+BENCH_NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks" / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", BENCH_NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_benchmark_notebooks_plan_is_in_the_order_its_cells_need(path):
+    """The real notebooks the benchmarks play: set-up first; the imports up to the first GPU cell
+    before CUDA; CUDA's start before any other GPU work; what a first GPU cell runs before the
+    training steps; torch._dynamo in the background right after torch where the notebook trains;
+    the later cells' own imports after all the work."""
+    from gpuctx_jupyter.contract.notebook import read
+
+    plan = derive(path)
+    first_gpu = npl._first_gpu_cell(read(str(path)))
+    at = {id(s): i for i, s in enumerate(plan.steps)}
+
+    def cell(s):
+        return int(s.where.split()[1].rstrip(",")) if s.where.startswith("cell ") else None
+
+    setup = [at[id(s)] for s in steps(plan, "setup")]
+    work = [s for s in plan.steps if s.kind in ("gpu", "cpu") and s.op]
+    imports = [s for s in plan.steps if s.kind in ("import", "framework") and not s.first_use and not s.overlap]
+    early = [s for s in imports if first_gpu is None or cell(s) is None or cell(s) <= first_gpu or s.framework]
+    later = [s for s in imports if s not in early]
+    assert not setup or max(setup) < min(at[id(s)] for s in plan.steps if s.kind != "setup")
+    if work:
+        assert max((at[id(s)] for s in early), default=-1) < min(at[id(s)] for s in work), plan.lines()
+        assert min((at[id(s)] for s in later), default=len(plan.steps)) > max(at[id(s)] for s in work), plan.lines()
+    first_work = [at[id(s)] for s in work if s.op in ("cuda_init", "alloc", "elementwise", "matmul_fp32")]
+    training = [at[id(s)] for s in work if s.op in ("backward", "optimizer", "grad_scaler")]
+    init = [at[id(s)] for s in work if s.op == "cuda_init"]
+    if init:
+        assert init[0] == min(at[id(s)] for s in work if s.kind == "gpu"), plan.lines()
+    if first_work and training:
+        assert max(first_work) < min(training), plan.lines()
+    if any(s.op == "optimizer" for s in work):
+        dynamo = next(s for s in plan.steps if s.module == "torch._dynamo")
+        torch = next(s for s in plan.steps if s.module == "torch" or s.module.startswith("torch."))
+        assert dynamo.overlap and at[id(dynamo)] == at[id(torch)] + 1, plan.lines()
