@@ -259,7 +259,7 @@ def test_only_the_time_an_import_stood_paused_is_taken_off_its_own(monkeypatch):
 
     now = time.monotonic()
     s = Standby(None, "python3", {}, now - 1000, kind="imports", profile=("hung_mod", "quick_mod"))
-    s.pauses, s.paused_s = [(now - 900, now - 600), (now - 50, now - 40)], 310.0
+    s.pauses = [(now - 900, now - 600), (now - 50, now - 40)]  # 310 s paused in all
     s.paused, s._paused_at = True, now - 1  # paused again now, after both imports
     assert s.paused_between(now - 60, now - 2) == 10.0 and s.paused_between(now - 2, now + 10) >= 1.0
     budget_out = "TimeoutError: still importing after the import budget (60 s); left to finish in the background"

@@ -72,7 +72,6 @@ class Standby:
     imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
     driver: bool = False  # it has started the CUDA driver
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
-    paused_s: float = 0.0  # in all (its start's timeouts do not count it)
     _paused_at: float = 0.0
     pauses: list[tuple[float, float]] = field(default_factory=list)  # (from, to), time.monotonic(): ended ones
     _rss: tuple[float, str, int | None] | None = None  # (when, state, bytes): the last reading
@@ -126,14 +125,18 @@ class Standby:
 
     def resume(self) -> None:
         if self.paused:
-            self.paused, now = False, time.monotonic()
-            self.paused_s += now - self._paused_at
-            self.pauses.append((self._paused_at, now))
+            self.paused = False
+            self.pauses.append((self._paused_at, time.monotonic()))
             try:
                 os.kill(self.pid, signal.SIGCONT)
             except OSError:
                 pass
             self._signal_below(signal.SIGCONT)
+
+    @property
+    def paused_s(self) -> float:
+        """Seconds it stood paused, in all (its start's timeouts do not count them)."""
+        return sum(to - since for since, to in self.pauses)
 
     def paused_between(self, start: float, end: float) -> float:
         """Seconds it stood paused between `start` and `end` (time.monotonic(), which is the

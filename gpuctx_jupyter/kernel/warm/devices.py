@@ -7,26 +7,26 @@ from ...core import frameworks as fws
 from .plan import Plan, Step
 
 
-def why_no_gpu_work(plan: Plan, imported, turn) -> str | None:
-    """Why no GPU work is done here (None: go ahead); `turn(step, heavy)` waits for the check's
-    turn. A plan whose GPU work waits for the notebook's own set-up or device line ends with that
-    reason (plan.gpu_blocked) where a GPU is visible: NVML says so without starting CUDA, which
-    would read the setting too early."""
+def why_no_gpu_work(plan: Plan, imported, turn) -> tuple[str | None, bool]:
+    """Why no GPU work is done here (None: go ahead), and whether it only waits for the notebook's
+    own set-up or device line (plan.gpu_blocked) on a machine with a GPU — NVML says so without
+    starting CUDA, which would read the setting too early. `turn(step, heavy)` waits for the
+    check's turn."""
     names = ", ".join(dict.fromkeys(imported)) or "nothing"
     if not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
-        return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}"
+        return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}", False
     turn(Step("gpu", "the GPU check"), heavy=False)  # (asking torch holds the GIL a while)
     why = inventory.take().no_gpu_reason()
     if why:
-        return f"imported {names} only; no GPU is visible: {why}"
+        return f"imported {names} only; no GPU is visible: {why}", False
     if plan.gpu_blocked:
-        return f"imported {names} only; {plan.gpu_blocked}"
+        return f"imported {names} only; {plan.gpu_blocked}", True
     if "torch" in plan.frameworks and "torch" in imported:
         cuda_driver.init()  # what asking torch starts, without the GIL (the kernel's thread runs on)
         reason = fws.TORCH.gpu_reason()
         if reason:
-            return f"imported {names} only; {reason}"
-    return None
+            return f"imported {names} only; {reason}", False
+    return None, False
 
 
 def devices_of(plan: Plan, device, switcher) -> list[int]:

@@ -370,8 +370,7 @@ class Warmer:
             if not decided:
                 imported = [s.framework for s in plan.steps if s.framework and s.kind in ("import", "framework")
                             and s.state in ("done", "running")]
-                reason, decided = why_no_gpu_work(plan, imported, self._turn), True
-                waits = bool(reason) and plan.gpu and reason.endswith(plan.gpu_blocked or "\0")
+                (reason, waits), decided = why_no_gpu_work(plan, imported, self._turn), True
             if reason:
                 self._cpu_steps(plan, todo)
                 short = reason.split("; ", 1)[-1].split(":", 1)[0]  # "no GPU is visible", ...
