@@ -6,6 +6,8 @@
 #   scripts/gpu-pending.sh tests-server   # GPU tests of NVML, the monitor, out-of-memory, the server, suspend,
 #                                         # an adopted standby on its assigned GPU
 #   scripts/gpu-pending.sh tests-workers  # GPU tests of `%gpu workers`
+#   scripts/gpu-pending.sh tests-all      # the three above in one command: warm-up and server tests side by
+#                                         # side (16 cores, one GPU), then out-of-memory and workers alone
 #   scripts/gpu-pending.sh readiness      # open → ready, warming off against on (12 opens, 12 direct starts
 #                                         # each), and what loading gpuctx costs there, module by module
 #   scripts/gpu-pending.sh cpu-cell       # a CPU-bound first cell sent at once: off, defaults, no standby,
@@ -27,6 +29,18 @@ case "$part" in
   tests-workers)
     scripts/gpu-check.sh tests --durations=15 tests/test_gpu_workers.py tests/test_gpu_workers_forked.py \
       tests/test_gpu_workers_prepared.py ;;
+  tests-all)
+    # Side by side where they cannot disturb each other (the out-of-memory tests fill the GPU: alone,
+    # after); each group stopped before the command's 10 minutes, its log kept.
+    tests() { timeout "$1" "$py" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" --durations=10 "${@:3}" \
+                > "$results/gpu-tests-$2.log" 2>&1; echo "$2: $(tail -1 "$results/gpu-tests-$2.log")"; }
+    tests 400 warmup tests/test_gpu_warmup.py tests/test_preload.py tests/test_gpu_typed.py &
+    tests 400 server tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py tests/test_nvml.py \
+      tests/test_gpu_monitor.py tests/test_gpu_server.py tests/test_gpu_suspend.py tests/test_adoption_safety.py &
+    wait
+    tests 150 oom-workers tests/test_gpu_oom.py tests/test_gpu_workers.py tests/test_gpu_workers_forked.py \
+      tests/test_gpu_workers_prepared.py
+    grep -hE "^(FAILED|ERROR)" "$results"/gpu-tests-*.log ;;
   readiness)
     # where gpuctx's load goes on this host (its own modules, each import's cost), then readiness
     "$py" -X importtime -c "import IPython, ipykernel.ipkernel; import gpuctx_jupyter.kernel.extension" \

@@ -247,6 +247,41 @@ def test_a_standby_that_outgrows_its_memory_share_leaves_its_heaviest_imports_ou
     assert caplog.text.count("big_mod is no longer imported ahead by python3 standbys: its import adds 2048 MiB") == 1
 
 
+def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(monkeypatch, caplog):
+    """Left out because the host was short (another program's data), an import is not kept out for
+    a week: once the standbys' budget has twice its size free again, the next standby imports it,
+    and a ready standby without it is replaced."""
+    import asyncio
+    import logging
+
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+    from gpuctx_jupyter.core import host_memory
+
+    pool = pool_alone(monkeypatch)  # budget: 20% of 8 GiB available
+    pool.profile.learn(Facts(path="nb.ipynb", events=[Event("import", Where(1, 1), module="big_mod")]))
+    pool.profile.entries["big_mod"].memory = 2 * GIB
+    booting_standby(pool, 3 * GIB)
+    asyncio.run(pool._tick())
+    assert "big_mod" not in pool.profile.modules("python3")
+
+    def host(available):
+        monkeypatch.setattr(host_memory, "available",
+                            lambda *a, **k: host_memory.HostMemory(available, 2 * available, "machine"))
+
+    ready = booting_standby(pool, 1 * GIB, profile=tuple(pool.profile.modules("python3")))
+    ready.state = "ready"
+    host(24 * GIB)  # budget ~5 GiB: the ready standby (1) + the next (1) + big_mod (2) fit, twice its size not
+    asyncio.run(pool._tick())
+    assert "big_mod" not in pool.profile.modules("python3")
+    host(64 * GIB)  # budget ~13 GiB
+    with caplog.at_level(logging.INFO, logger="test.pool"):
+        pool.health["python3"].retry_at = 0.0
+        asyncio.run(pool._tick())
+    assert "big_mod" in pool.profile.modules("python3")
+    assert "big_mod is imported ahead by python3 standbys again" in caplog.text
+    assert pool._outdated(ready) and pool._starting == {("python3", "imports"): 1}  # its successor has big_mod
+
+
 def test_a_notebook_that_compiles_is_handed_the_standby_that_imported_inductor():
     """Two standbys import torch; the one that has also done torch.compile's own import covers a
     notebook that compiles better than one that merely imported the package it lives in."""

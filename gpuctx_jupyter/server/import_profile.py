@@ -22,7 +22,8 @@ instant. The profile holds:
   and a standby holding it serves only notebooks whose CUDA start-up environment is the standby's;
 - what is true of one kernelspec only (a module not installed in its environment, a module left
   out so that its standby fits the standbys' share of host memory) is left out for that kernelspec
-  alone (`left_out`), in memory, and lapses as drops do. A profile file kept under older rules
+  alone (`left_out`), in memory, and lapses as drops do (one left out to fit comes back sooner,
+  once the host has memory for it: standby_memory.py). A profile file kept under older rules
   keeps only the drops today's make too (`DROP_REASON`): its drops for a spent budget ("did not
   finish in time") and for what one environment lacked are forgotten on load.
 
@@ -157,6 +158,11 @@ class ImportProfile:
         if module not in self._logged:
             self._logged.add(module)
             self.log.info("gpuctx pool: %s is no longer imported ahead by standbys: %s", module, why)
+    def take_back(self, kernel_name: str, module: str, why: str) -> None:
+        """`module`, left out for `kernel_name`, is imported ahead by its standbys again."""
+        if self.left_out.get(kernel_name, {}).pop(module, None) is not None:
+            self._logged.discard(f"{kernel_name}:{module}")
+            self.log.info("gpuctx pool: %s is imported ahead by %s standbys again: %s", module, kernel_name, why)
 
     def _lapse(self, now: float) -> None:
         """Drops and left-outs older than DROP_EXPIRES_S are tried again."""

@@ -289,6 +289,7 @@ class Pool:
             elif now - s.started > HEALTHY_AFTER_S:
                 self._healthy(s.kernel_name)
         await self._keep_the_floor()
+        self.mem.regrow(self.standbys)  # an outdated ready standby is then replaced by one that has them
         gpu_paused = any(until > now for until in self._paused.values())
         for name, kind, target in self.wanted():
             have = sum(1 for s in self.standbys if s.kernel_name == name and s.kind == kind

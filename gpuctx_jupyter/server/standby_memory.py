@@ -10,6 +10,10 @@ cannot make it fit, it is counted at what it reached, and none starts again unti
 (without this the pool started the same standby, and stopped it, every second). What an import
 added is read while the standby imports: the growth of its resident memory between two looks (the
 pool's tick, every second) split over the imports it finished meanwhile, kept in the profile.
+
+What was left out to fit comes back once the budget has room for it again (memory another program
+held was freed), rather than after the week other left-outs wait: with REGROW_MARGIN times its size
+free, so that a budget that wavers does not trade an import in and out with every standby.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from ..core import host_memory
 from .import_profile import ImportProfile
 
 IMPORT_STANDBY_GUESS = 1 << 30  # host memory an imports standby is counted at before one has run
+REGROW_MARGIN = 2  # an import left out to fit is taken back once this many times its size is free
 
 
 class StandbyMemory:
@@ -24,6 +29,7 @@ class StandbyMemory:
         self.cfg, self.profile = cfg, profile
         self.seen = IMPORT_STANDBY_GUESS  # what the next imports standby is counted at
         self._looks: dict[int, tuple[int, frozenset[str]]] = {}  # id(standby) -> (rss, its imports done)
+        self.trimmed: dict[tuple[str, str], int] = {}  # (kernelspec, module) left out to fit -> what it adds
 
     def of(self, standbys) -> dict:
         """Host memory: what `standbys` hold, and the budget they share."""
@@ -76,10 +82,31 @@ class StandbyMemory:
             return why
         trimmed = self.profile.trim(s.kernel_name, s.profile, m["standbys"] - m["budget"]) if self.profile else []
         freed = sum(self.profile.entries[x].memory or 0 for x in trimmed)
+        self.trimmed.update({(s.kernel_name, x): self.profile.entries[x].memory or 0 for x in trimmed})
         self.seen = reached - freed if trimmed else max(self.seen, reached)
         if trimmed:
             return f"{why}: its next standby leaves out {', '.join(trimmed)}"
         return f"{why}: none starts again until memory is freed"
+
+    def regrow(self, standbys) -> list[str]:
+        """Take back the imports left out to fit that the budget now has room for beside `standbys`
+        and the next standby (smallest first). Returns them, as "module (kernelspec)"."""
+        if not self.trimmed or self.profile is None:
+            return []
+        m = self.of(standbys)
+        if m["available"] is None:
+            return []
+        room = m["budget"] - m["standbys"] - self.seen
+        back = []
+        for (kernel_name, module), cost in sorted(self.trimmed.items(), key=lambda kv: kv[1]):
+            if REGROW_MARGIN * cost > room:
+                break
+            room -= cost
+            self.seen += cost
+            del self.trimmed[(kernel_name, module)]
+            self.profile.take_back(kernel_name, module, "the standbys' share of host memory has room for it again")
+            back.append(f"{module} ({kernel_name})")
+        return back
 
     def forget(self, s) -> None:
         self._looks.pop(id(s), None)
