@@ -126,6 +126,33 @@ def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_f
              timeout=60)
 
 
+def test_what_a_notebook_takes_from_a_lazy_package_is_loaded_by_the_standby_too(server_factory, tmp_path):
+    """`from pkg import Name` of a package that loads its parts on first access (as transformers
+    does): the standby asks for the name, so the notebook's import cell finds the part loaded; a name
+    the package lacks is forgotten, and the package stays in the profile."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_lazy").mkdir(parents=True)
+    (site / "gpuctx_lazy" / "__init__.py").write_text(
+        "import importlib\n"
+        "def __getattr__(name):\n"
+        "    if name == 'Heavy':\n"
+        "        return importlib.import_module('gpuctx_lazy.heavy').Heavy\n"
+        "    raise AttributeError(name)\n")
+    (site / "gpuctx_lazy" / "heavy.py").write_text("import time\ntime.sleep(2)\nclass Heavy: pass\n")
+    env = {**AUTO, "PYTHONPATH": os.pathsep.join(p for p in [str(site), os.environ.get("PYTHONPATH")] if p)}
+    notebook(tmp_path / "lazy.ipynb", ["import torch\nfrom gpuctx_lazy import Heavy, Missing", "x = torch.ones(3)"])
+    srv = server_factory(env=env)
+    standby = imports_standby(srv, at_least=4)
+    wait_for(lambda: pool_of(srv)["import_profile"]["names"] == {"gpuctx_lazy": ["Heavy"]}, timeout=60)
+    assert "gpuctx_lazy" in pool_of(srv)["import_profile"]["modules"] and not pool_of(srv)["import_profile"]["dropped"]
+    ks = srv.channels(srv.start_kernel(path="lazy.ipynb"))
+    try:
+        r = ks.execute("import os, sys\nprint(os.getpid(), 'gpuctx_lazy.heavy' in sys.modules)")
+        assert r.stdout.split() == [str(standby["pid"]), "True"], r.stdout  # loaded before its first cell
+    finally:
+        ks.close()
+
+
 def test_a_notebook_that_compiles_finds_torch_compiles_own_import_done_by_its_standby(server_factory, tmp_path):
     """torch.compile's first call imports inductor (1-2 s): a notebook that calls it puts that
     import into the profile, and the standby it adopts has done it."""
@@ -244,6 +271,26 @@ def test_a_profile_file_kept_under_older_rules_forgets_the_drops_todays_rules_do
     assert set(profile.as_dict()["dropped"]) == {"broken_mod", "ctx_mod", "hung_mod"}
     assert set(profile.modules()) == {"late_mod", "missing_mod", "local_mod", "saved_mod"}
     assert all(profile.entries[m].dropped_at > 0 for m in ("broken_mod", "ctx_mod"))  # lapse a week from now
+
+
+def test_the_names_a_standby_resolves_are_the_newest_taken_and_a_profile_file_cannot_smuggle_others_in(tmp_path):
+    """Names follow their module in a standby's list, the most recently taken first, at most
+    MAX_NAMES; a profile file's names that are not identifiers are not loaded."""
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+    from gpuctx_jupyter.server import import_profile
+
+    profile = learnt_profile()
+    many = tuple(f"N{i}" for i in range(import_profile.MAX_NAMES + 3))
+    profile.learn(Facts(path="a.ipynb", events=[Event("import", Where(1, 1), module="pkg", names=many)]))
+    profile.learn(Facts(path="b.ipynb", events=[Event("import", Where(1, 1), module="pkg", names=("Newest",))]))
+    assert profile.imports() == ["torch", "torch._dynamo", "torch.optim", "pkg", "pkg:Newest",
+                                 *(f"pkg:{n}" for n in many[:import_profile.MAX_NAMES - 1])]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"version": 1, "entries": [{"module": "pkg", "seen": 1, "last": 1.0,
+                                                           "names": ["Good", "os.system('x')", 3, "a b"]}]}))
+    loaded = import_profile.ImportProfile(str(path), profile.log, torch_installed=False)
+    loaded.load()
+    assert loaded.imports() == ["pkg", "pkg:Good"]
 
 
 def test_only_the_time_an_import_stood_paused_is_taken_off_its_own(monkeypatch):

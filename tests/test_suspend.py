@@ -274,6 +274,26 @@ def test_a_request_in_a_subshell_neither_ends_a_running_cell_nor_goes_unnoticed(
     assert control(kc, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["content"]["state"] == "running"
 
 
+def test_a_warm_up_under_way_is_given_up_for_a_suspend_and_a_later_plan_still_starts(kernel, tmp_path):
+    """Suspending a kernel whose warm-up is importing (or waiting for its turn) is not refused:
+    the warm-up stops there (`%gpu status` says why), the kernel consents, and once resumed the
+    kernel still warms what is typed next (a later plan starts)."""
+    kc, pid, _ = kernel
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_slow_thirty").mkdir(parents=True)
+    (site / "gpuctx_slow_thirty" / "__init__.py").write_text("import time\ntime.sleep(30)\n")
+    started = run(kc, f"import sys; sys.path.insert(0, {str(site)!r})\n"
+                      "from gpuctx_jupyter.kernel.warm import plan as plans\n"
+                      "w = get_ipython()._gpuctx.warmer\n"
+                      "print(w.start_plan(lambda: plans.imports_only(['gpuctx_slow_thirty'])))")
+    assert started.stdout.split() == ["True"], started.text
+    wait_for(lambda: control(kc, contract.REQUEST)["content"]["warmup"]["phase"] == "import gpuctx_slow_thirty",
+             timeout=60)
+    suspend_kernel(kc, pid)
+    after = run(kc, "print(w.status.state, '|', w.status.detail, '|', w.start_plan(lambda: plans.imports_only([])))")
+    assert after.stdout.splitlines()[-1] == "off | stopped: the kernel was suspended | True", after.text
+
+
 def test_the_kernel_refuses_its_consent_while_it_has_data_parallel_workers(kernel):
     pytest.importorskip("ipyparallel")
     from .harness.gpus import NO_GPU

@@ -66,6 +66,7 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
 # How long a resume may take before the kernel gives up on it: the restore of a whole H200's memory
 # is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
 RESTORE_TIMEOUT_S = 300.0
+WARMUP_STOP_S = 5.0  # a suspend waits this long for a warm-up step under way to end
 log = logging.getLogger("gpuctx")
 
 
@@ -155,8 +156,11 @@ class Gate:
         return {"status": "ok", "pid": self.pid, "report": report, "released_cache": released}
 
     def _refusal(self) -> str | None:
-        if self.kernel_state.warmer.running:
-            return "its warm-up is still running on the GPU: try again once `%gpu status` says it is done"
+        # A warm-up waiting for its turn is given up (what it did stays in the checkpoint); a step
+        # under way on the GPU ends first, within WARMUP_STOP_S as a rule.
+        if not self.kernel_state.warmer.stop("the kernel was suspended", for_good=False, wait=WARMUP_STOP_S):
+            return ("its warm-up is in the middle of a step on the GPU: try again in a few seconds "
+                    "(`%gpu status` shows the step)")
         workers = self.kernel_state.workers
         if workers is not None and workers.running:
             return ("it has data-parallel workers (%gpu workers), processes of their own that the driver would "

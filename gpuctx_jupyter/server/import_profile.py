@@ -10,6 +10,11 @@ instant. The profile holds:
 - the top-level imports of installed modules of the notebooks opened or modified most recently
   under the server's root: read at start-up (off the event loop) and again at every open, kept
   across server restarts in Jupyter's data folder;
+- the names those notebooks take from a module (`from transformers import BertModel`): a package
+  that loads its parts lazily (transformers, diffusers) loads them only as a name is asked for, so
+  a standby that imported the package alone left the notebook's import cell 1.5–2 s on an H200.
+  A standby resolves each one (`module:name` in its list, `imports()`); a name it cannot resolve is
+  forgotten until a notebook takes it again (no judgement on the module);
 - `torch._inductor.compile_fx` for a notebook that calls torch.compile (the import its first
   compile pays; a standby that imports it starts inductor's compile workers too);
 - what each import costs and what it did, as the standbys report it: a module whose own import
@@ -37,13 +42,14 @@ import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..contract import INDUCTOR_MODULE
 from ..contract.notebook import Facts
 
 BASE_TORCH = ("torch", "torch._dynamo", "torch.optim")
 MAX_MODULES = 30
+MAX_NAMES = 8  # names taken from one module that a standby resolves, at most (the most recently seen)
 IMPORT_BUDGET_S = 60.0
 RECENT_NOTEBOOKS = 20  # notebooks read at start-up: the most recently modified ones under the root
 SCAN_ENTRIES = 5000  # folder entries looked at by the start-up scan at most
@@ -64,6 +70,7 @@ class Entry:
     dropped_at: float = 0.0  # when (epoch): tried again DROP_EXPIRES_S later
     driver: bool = False  # its import starts the CUDA driver
     memory: int | None = None  # bytes of host memory its import added to a standby, as last seen
+    names: list[str] = field(default_factory=list)  # taken from it by `from module import name`, newest first
 
 
 class ImportProfile:
@@ -79,22 +86,25 @@ class ImportProfile:
     # -- learning --------------------------------------------------------------------------------
     def learn(self, facts: Facts, when: float | None = None) -> bool:
         """A notebook was opened (or found at start-up): its top-level imports count. True when the
-        profile's module list changed."""
+        profile's list of imports changed."""
         if facts.error or facts.opts_out:
             return False
-        before = self.modules()
+        before = self.imports()
         when = time.time() if when is None else when
         seen = set()
-        modules = [ev.module for ev in facts.imports()] + ([INDUCTOR_MODULE] if "torch_compile" in facts.signals else [])
-        for module in modules:
+        imports = [(ev.module, ev.names) for ev in facts.imports()]
+        for module, names in imports + ([(INDUCTOR_MODULE, ())] if "torch_compile" in facts.signals else []):
             top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__" or module in seen:
+            if top in sys.stdlib_module_names or top == "__future__":
                 continue
-            seen.add(module)
             entry = self.entries.setdefault(module, Entry(module))
-            entry.seen += 1
-            entry.last = max(entry.last, when)
-        return self.modules() != before
+            fresh = [n for n in names if n.isidentifier()]
+            entry.names = (fresh + [n for n in entry.names if n not in fresh])[:MAX_NAMES]
+            if module not in seen:
+                seen.add(module)
+                entry.seen += 1
+                entry.last = max(entry.last, when)
+        return self.imports() != before
 
     def outcome(self, module: str, state: str, seconds: float | None, cuda: str, detail: str = "",
                 kernel_name: str = "", paused_s: float = 0.0) -> None:
@@ -119,6 +129,18 @@ class ImportProfile:
             self._drop(entry, f"its import failed ({detail})" if detail else "its import failed")
         elif state == "skipped" and detail:  # not installed there, local code, the deny list
             self.leave_out(kernel_name, module, detail)
+
+    def name_outcome(self, module: str, name: str, state: str, cuda: str, detail: str = "") -> None:
+        """What resolving `from module import name` did in a standby: one that failed is forgotten
+        (a notebook that takes it again brings it back); one that created a CUDA context drops the
+        module, as its import would."""
+        entry = self.entries.get(module)
+        if entry is None:
+            return
+        if cuda == "context":
+            self._drop(entry, f"its import created a CUDA context (GPU memory in a standby), with {name}")
+        elif state == "failed" and "import budget" not in detail and name in entry.names:
+            entry.names.remove(name)
 
     def leave_out(self, kernel_name: str, module: str, why: str) -> None:
         """`module` is not imported ahead by standbys of `kernel_name` (the others still do)."""
@@ -196,6 +218,15 @@ class ImportProfile:
             out.append(entry.module)
         return out
 
+    def imports(self, kernel_name: str = "") -> list[str]:
+        """What a standby of `kernel_name` is asked to import: modules(), each followed by the names
+        notebooks take from it, as "module:name"."""
+        out = []
+        for module in self.modules(kernel_name):
+            entry = self.entries.get(module)
+            out += [module] + [f"{module}:{n}" for n in (entry.names if entry else ())]
+        return out
+
     def starts_driver(self, modules) -> bool:
         return any(self.entries.get(m, Entry(m)).driver for m in modules)
 
@@ -208,6 +239,9 @@ class ImportProfile:
                 raw = json.load(fh)
             for item in raw.get("entries", []):
                 entry = Entry(**{k: item[k] for k in Entry.__dataclass_fields__ if k in item})
+                if not isinstance(entry.names, list):
+                    entry.names = []
+                entry.names = [n for n in entry.names if isinstance(n, str) and n.isidentifier()][:MAX_NAMES]
                 if isinstance(entry.module, str) and entry.module:
                     if entry.dropped and not (isinstance(entry.dropped, str) and DROP_REASON.match(entry.dropped)):
                         entry.dropped, entry.dropped_at = "", 0.0  # under older rules, which no longer hold
@@ -231,7 +265,9 @@ class ImportProfile:
 
     def as_dict(self) -> dict:
         modules = self.modules()
-        return {"modules": modules, "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
+        return {"modules": modules, "names": {m: self.entries[m].names for m in modules
+                                              if m in self.entries and self.entries[m].names},
+                "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
                 "left_out": {k: {m: why for m, (why, _) in v.items()} for k, v in self.left_out.items() if v},
                 "learned": len(self.entries)}
 

@@ -408,6 +408,9 @@ class Pool:
             if st.get("kind") == "import" and name.startswith("import "):
                 self.profile.outcome(name.split()[1], st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
                                      st.get("detail", ""), kernel_name=s.kernel_name, paused_s=sb.paused_during(s, st))
+            elif st.get("kind") == "import" and name.startswith("from ") and len(name.split()) == 4:
+                _, module, _, taken = name.split()
+                self.profile.name_outcome(module, taken, st.get("state", ""), st.get("cuda", ""), st.get("detail", ""))
         self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
                               "saving the import profile")
 
@@ -432,7 +435,7 @@ class Pool:
                 return None
             profile = tuple(self.profile.modules(name))
             settings = WarmSettings(policy="always", recipe=STANDBY_RECIPE, source="the warm pool (imports standby)",
-                                    imports=list(profile), opt_out=settings.opt_out,
+                                    imports=self.profile.imports(name), opt_out=settings.opt_out,
                                     import_budget=self.cfg.import_profile_seconds)
             env.pop(SESSION, None)
             if self.cfg.standby_worker_imports:

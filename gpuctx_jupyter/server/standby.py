@@ -272,7 +272,7 @@ async def until_warmed(s: Standby, closing) -> dict:
 def learn_report(s: Standby, report: dict) -> None:
     """What the standby's warm-up has done, from its answer to the GPU question."""
     steps = (report.get("plan") or {}).get("steps") or []
-    s.imports = [m for m in (imported_module(st) for st in steps) if m]
+    s.imports = list(dict.fromkeys(m for m in (imported_module(st) for st in steps) if m))
     s.driver = s.driver or any(st.get("cuda") for st in steps)
 
 

@@ -353,9 +353,18 @@ def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
     """A standby's plan: the server's import profile, imported ahead of any notebook, and nothing
     that touches CUDA (the notebook that adopts the standby warms its GPU part itself). As for a
     notebook's imports: installed packages only, never local code, never the deny list. Where the
-    profile has torch.compile's import, inductor's compile workers are started too (recipes/torch.py)."""
+    profile has torch.compile's import, inductor's compile workers are started too (recipes/torch.py).
+    An item "module:name" is `from module import name`, one step each (what one cannot resolve
+    is no judgement on the module), after its module's import."""
     plan = Plan(recipe="imports", reading="a standby of the server: its import profile, no CUDA", gpu=False)
-    for module in modules:
+    planned = set()
+    for item in modules:
+        module, _, name = item.partition(":")
+        if name:
+            if module in planned and name.isidentifier():
+                plan.add(Step("import", f"from {module} import {name}", where="import profile: what notebooks take "
+                              "from it", module=module, names=(name,)))
+            continue
         step = plan.add(Step("import", f"import {module}", where="import profile", module=module))
         entry = denied(module, deny)
         ok, why = installed_outside(module, None, cwd)
@@ -363,6 +372,8 @@ def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
             step.state, step.detail = "skipped", f"on the deny list ({entry}): importing it has side effects"
         elif not ok:
             step.state, step.detail = "skipped", why
+        else:
+            planned.add(module)
     if any(s.module == INDUCTOR_MODULE and s.state == "planned" for s in plan.steps):  # after the imports
         plan.add(Step("cpu", "start inductor's compile workers", where="import profile: torch.compile",
                       framework="torch", op="compile_pool", detail="no CUDA"))

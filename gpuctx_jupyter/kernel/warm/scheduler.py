@@ -59,7 +59,8 @@ class Warmer:
         # thread that starts meanwhile waits for it (torch's init lock), then takes its device
         # (switching.py, threads.py); set under the cells' lock, so no cell starts unseen between
         self.starting_cuda = threading.Event()
-        self._unloaded = False  # gpuctx unloaded: this warm-up takes no further step (stop())
+        self._unloaded = False  # this warm-up takes no further step (stop()): `_stopped` says why
+        self._stopped, self._for_good = "", False  # for good: gpuctx unloaded, no later plan starts
         self._thread: threading.Thread | None = None
         self._pending: tuple | None = None  # a start scheduled for the kernel's first kernel_info reply
         self._grace: threading.Timer | None = None
@@ -100,8 +101,9 @@ class Warmer:
         """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
         notebook never holds up the kernel). False when a warm-up is already running."""
         with self._lock:
-            if self._unloaded or (self._thread is not None and self._thread.is_alive() and not self._exiting):
+            if self._for_good or (self._thread is not None and self._thread.is_alive() and not self._exiting):
                 return False
+            self._unloaded = False  # stopped for a suspend: a later plan (typed cells) may start
             self._pending, self._exiting = None, False
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
                                     started=time.monotonic())
@@ -168,21 +170,25 @@ class Warmer:
                 self._grace.cancel()
             self._grace = side.timer(grace, self.go)
 
-    def stop(self) -> None:
-        """gpuctx is unloaded: no scheduled start, no plan after this one, and no further step (the
-        one under way ends on its own; a later start_plan does nothing)."""
-        self.cancel_scheduled()
+    def stop(self, why: str = "gpuctx was unloaded (%unload_ext)", for_good: bool = True, wait: float = 0.0) -> bool:
+        """No scheduled start, no plan after this one, and no further step (the one under way ends
+        on its own): for good when gpuctx is unloaded; before a suspend a later plan may start.
+        Waits up to `wait` s for the thread to end; whether it has."""
+        self.cancel_scheduled(f"stopped before it started: {why}")
         with self._cond:
-            self._unloaded = True
+            self._unloaded, self._stopped, self._for_good = True, why, for_good or self._for_good
             self._cond.notify_all()
+        if wait and self._thread is not None:
+            self._thread.join(wait)
+        return not self.running
 
-    def cancel_scheduled(self) -> None:
-        """Forget a scheduled start that has not begun (unloading)."""
+    def cancel_scheduled(self, why: str = "unloaded before it started") -> None:
+        """Forget a scheduled start that has not begun."""
         with self._lock:
             self._next = None
             if self._pending is not None:
                 self._pending = None
-                self.status = WarmState(detail="unloaded before it started")
+                self.status = WarmState(detail=why)
 
     def go(self) -> bool:
         """Start a scheduled warm-up now; False when none was scheduled."""
@@ -310,11 +316,11 @@ class Warmer:
                 self._carry_out(plan, device)
         except _SteppedAside as exc:
             unloaded = isinstance(exc, _Unloaded)
-            why = "gpuctx was unloaded" if unloaded else "your own GPU cell started first"
+            why = self._stopped if unloaded else "your own GPU cell started first"
             for s in self.plan.steps if self.plan is not None else ():
                 if s.state in ("planned", "running"):
                     s.state, s.detail = "skipped", why
-            st.state, st.detail = ("off", "stopped: gpuctx was unloaded (%unload_ext)") if unloaded else (
+            st.state, st.detail = ("off", f"stopped: {why}") if unloaded else (
                 "done", "stopped early: your first GPU cell started and does the rest itself")
         except BaseException as exc:  # noqa: BLE001 — a warm-up must never take the kernel down
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
@@ -588,4 +594,5 @@ class _SteppedAside(Exception):
 
 
 class _Unloaded(_SteppedAside):
-    """gpuctx was unloaded while the warm-up ran: the thread ends at its next turn."""
+    """Stopped (gpuctx unloaded, the kernel suspended) while the warm-up ran: the thread ends at its
+    next turn."""

@@ -77,7 +77,7 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
 
         if os.environ.get(WORKER_IMPORTS) == "1":
             # not torch.compile's import: it starts the CUDA driver, after which the process may not fork
-            why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE))
+            why_not = worker_zygote.start_for_standby(tuple(m for m in cfg.imports if m != INDUCTOR_MODULE and ":" not in m))
             if why_not:
                 log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)
