@@ -293,6 +293,26 @@ def test_the_names_a_standby_resolves_are_the_newest_taken_and_a_profile_file_ca
     assert loaded.imports() == ["pkg", "pkg:Good"]
 
 
+def test_resolving_names_counts_in_the_import_budget_and_a_name_that_hangs_is_forgotten():
+    """What resolving a name took counts with its module's import against import_profile_seconds
+    (a lazy package's parts are most of its time); a name that hangs or fails is forgotten, one the
+    budget left no time for stays."""
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+
+    profile = learnt_profile(budget_s=60.0)
+    profile.learn(Facts(path="a.ipynb", events=[Event("import", Where(1, 1), module="lazy", names=("Big", "Hangs", "Late")),
+                                                Event("import", Where(1, 2), module="after")]))
+    profile.outcome("lazy", "done", 5.0, "")
+    profile.outcome("after", "done", 10.0, "")
+    assert {"after", "lazy"} <= set(profile.modules())
+    profile.name_outcome("lazy", "Big", "done", 50.0, "")
+    assert "after" in profile.modules() and "lazy" not in profile.modules()  # 10 s, then 5 + 50 s: past 60 s
+    budget_out = "TimeoutError: still importing after the import budget (60 s); left to finish in the background"
+    profile.name_outcome("lazy", "Hangs", "failed", 30.0, "", budget_out)
+    profile.name_outcome("lazy", "Late", "skipped", None, "", "the import budget (60 s) is spent")
+    assert profile.entries["lazy"].names == ["Big", "Late"] and not profile.entries["lazy"].dropped
+
+
 def test_only_the_time_an_import_stood_paused_is_taken_off_its_own(monkeypatch):
     """An imports standby paused for 300 s by an earlier cell, then 10 s during an import that hung
     for 58 s: the import's own time is 48 s, past a third of the budget, so it is dropped (the

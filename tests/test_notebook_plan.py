@@ -142,6 +142,19 @@ def test_missing_modules_the_deny_list_and_the_cap(tmp_path, site):
     assert npl.denied("tensorflow", npl.DEFAULT_DENY) and npl.denied("google.colab", npl.DEFAULT_DENY)
 
 
+def test_a_name_taken_from_a_package_that_the_deny_list_names_keeps_the_import_out(tmp_path, site):
+    """`from matplotlib import pyplot` imports matplotlib.pyplot as surely as `import
+    matplotlib.pyplot` (the deny list's entry): neither the notebook's plan nor a standby's does it."""
+    site("gpuctx_plotlib")
+    deny = (*npl.DEFAULT_DENY, "gpuctx_plotlib.pyplot")
+    notebook(tmp_path / "nb.ipynb", "from gpuctx_plotlib import pyplot as plt\nfrom gpuctx_plotlib import colors")
+    detail = {s.name: (s.state, s.detail) for s in steps(derive(tmp_path / "nb.ipynb", deny=deny), "import")}
+    assert detail["from gpuctx_plotlib import pyplot"] == ("skipped", "on the deny list (gpuctx_plotlib.pyplot): "
+                                                                       "importing it has side effects")
+    standby = npl.imports_only(["gpuctx_plotlib", "gpuctx_plotlib:pyplot", "gpuctx_plotlib:colors"], deny=deny)
+    assert [s.name for s in standby.steps] == ["import gpuctx_plotlib", "from gpuctx_plotlib import colors"]
+
+
 # -- set-up ----------------------------------------------------------------------------------------
 def test_safe_literal_setup_before_the_imports_is_applied_first(tmp_path):
     notebook(tmp_path / "nb.ipynb", [("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\n"

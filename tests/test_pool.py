@@ -277,8 +277,9 @@ def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(mo
     with caplog.at_level(logging.INFO, logger="test.pool"):
         pool.health["python3"].retry_at = 0.0
         asyncio.run(pool._tick())
-    assert "big_mod" in pool.profile.modules("python3")
+    assert "big_mod" in pool.profile.modules("python3") and pool.mem.seen == 3 * GIB  # counted back in, once
     assert "big_mod is imported ahead by python3 standbys again" in caplog.text
+    assert pool.mem.regrow(pool.standbys) == []  # nothing left to take back
     assert pool._outdated(ready) and pool._starting == {("python3", "imports"): 1}  # its successor has big_mod
 
 

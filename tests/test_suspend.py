@@ -274,24 +274,47 @@ def test_a_request_in_a_subshell_neither_ends_a_running_cell_nor_goes_unnoticed(
     assert control(kc, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["content"]["state"] == "running"
 
 
-def test_a_warm_up_under_way_is_given_up_for_a_suspend_and_a_later_plan_still_starts(kernel, tmp_path):
-    """Suspending a kernel whose warm-up is importing (or waiting for its turn) is not refused:
-    the warm-up stops there (`%gpu status` says why), the kernel consents, and once resumed the
-    kernel still warms what is typed next (a later plan starts)."""
-    kc, pid, _ = kernel
+def slow_site(tmp_path, seconds: float) -> str:
     site = tmp_path / "lib" / "site-packages"
-    (site / "gpuctx_slow_thirty").mkdir(parents=True)
-    (site / "gpuctx_slow_thirty" / "__init__.py").write_text("import time\ntime.sleep(30)\n")
-    started = run(kc, f"import sys; sys.path.insert(0, {str(site)!r})\n"
-                      "from gpuctx_jupyter.kernel.warm import plan as plans\n"
-                      "w = get_ipython()._gpuctx.warmer\n"
-                      "print(w.start_plan(lambda: plans.imports_only(['gpuctx_slow_thirty'])))")
+    (site / "gpuctx_slow_mod").mkdir(parents=True)
+    (site / "gpuctx_slow_mod" / "__init__.py").write_text(f"import time\ntime.sleep({seconds})\n")
+    return (f"import sys; sys.path.insert(0, {str(site)!r})\n"
+            "from gpuctx_jupyter.kernel.warm import plan as plans, scheduler\n"
+            "w = get_ipython()._gpuctx.warmer\n")
+
+
+def test_a_warm_up_waiting_for_its_turn_is_given_up_for_a_suspend_and_a_later_plan_still_starts(kernel, tmp_path):
+    """Suspending a kernel whose warm-up waits for its turn is not refused: the warm-up stops
+    there (`%gpu status` says why), the kernel consents, and once resumed it still warms what is
+    typed next (a later plan starts)."""
+    kc, pid, _ = kernel
+    started = run(kc, slow_site(tmp_path, 0) + "scheduler.HEAVY_IDLE_S = 600  # its import waits for 10 min of idleness\n"
+                  "print(w.start_plan(lambda: plans.imports_only(['gpuctx_slow_mod'])))")
     assert started.stdout.split() == ["True"], started.text
-    wait_for(lambda: control(kc, contract.REQUEST)["content"]["warmup"]["phase"] == "import gpuctx_slow_thirty",
-             timeout=60)
+    wait_for(lambda: [(st["name"], st["state"]) for st in (control(kc, contract.REQUEST)["content"].get("plan") or {})
+                      .get("steps", [])] == [("import gpuctx_slow_mod", "planned")], timeout=60)  # its plan read
     suspend_kernel(kc, pid)
-    after = run(kc, "print(w.status.state, '|', w.status.detail, '|', w.start_plan(lambda: plans.imports_only([])))")
-    assert after.stdout.splitlines()[-1] == "off | stopped: the kernel was suspended | True", after.text
+    after = run(kc, "scheduler.HEAVY_IDLE_S = 1.0\n"
+                "print(w.status.state, '|', w.status.detail, '|', w.start_plan(lambda: plans.imports_only([])))")
+    assert after.stdout.splitlines()[-1] == "off | stopped: a suspend was asked for | True", after.text
+
+
+def test_a_suspend_that_comes_while_the_warm_up_imports_waits_for_it_and_leaves_it_be(kernel, tmp_path):
+    """An import under way cannot be stopped half-done (nor left running in a checkpointed
+    process): the kernel refuses with the reason after a second, the warm-up goes on to its end
+    as if not asked, and the suspend asked again then is consented to."""
+    kc, pid, _ = kernel
+    started = run(kc, slow_site(tmp_path, 4) + "scheduler.HEAVY_IDLE_S = 0.0\n"
+                  "print(w.start_plan(lambda: plans.imports_only(['gpuctx_slow_mod'])))")
+    assert started.stdout.split() == ["True"], started.text
+    wait_for(lambda: control(kc, contract.REQUEST)["content"]["warmup"]["phase"] == "import gpuctx_slow_mod", timeout=60)
+    refused = control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"]
+    assert refused["status"] == "refused" and refused["message"].startswith("its warm-up is in the middle of a step")
+    done = wait_for(lambda: (lambda w: w if w["state"] != "running" else None)(
+        control(kc, contract.REQUEST)["content"]["warmup"]), timeout=60)
+    assert done["state"] == "done", done  # not stopped by the refused suspend
+    suspend_kernel(kc, pid)
+    assert "gpuctx_slow_mod" in run(kc, "print(sorted(m for m in sys.modules if m.startswith('gpuctx_slow')))").stdout
 
 
 def test_the_kernel_refuses_its_consent_while_it_has_data_parallel_workers(kernel):

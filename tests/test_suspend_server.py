@@ -208,6 +208,32 @@ async def test_refusals_are_one_line_4xx_and_leave_the_kernel_running(jp_fetch, 
     assert code == 403 and "allow_actions" in off["message"]
 
 
+async def test_a_suspend_asked_while_the_warm_up_imports_waits_for_the_import_and_succeeds(
+        jp_fetch, jp_serverapp, fake, gpuctx, tmp_path):
+    """The user suspends while the warm-up is importing (a module that takes 3 s): the kernel cannot
+    stop an import half-done, so the server asks again until it has ended, and the suspend succeeds
+    with the import complete in the kernel."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "w.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_slow_three").mkdir(parents=True)
+    (site / "gpuctx_slow_three" / "__init__.py").write_text("import time\ntime.sleep(3)\n")
+    r = await arun(kernel, f"import sys; sys.path.insert(0, {str(site)!r})\n"
+                           "from gpuctx_jupyter.kernel.warm import plan as plans, scheduler\n"
+                           "scheduler.HEAVY_IDLE_S = 0.0\n"
+                           "print(get_ipython()._gpuctx.warmer.start_plan(lambda: plans.imports_only(['gpuctx_slow_three'])))")
+    assert r.stdout.split() == ["True"], r.stdout
+    for _ in range(150):
+        if (await kernel_query.ask(kernel, 2))["warmup"]["phase"] == "import gpuctx_slow_three":
+            break
+        await asyncio.sleep(0.1)
+    gpuctx.gpu.held[pid] = 4 * GIB
+    code, answer = await post(jp_fetch, kid, "suspend")
+    assert code == 200 and fake.state(pid) == 2, answer
+    r = await arun(kernel, "print('gpuctx_slow_three' in sys.modules)")
+    assert r.stdout.splitlines()[-1] == "True"
+
+
 async def test_two_suspends_at_once_and_a_resume_racing_a_restart_each_get_a_clear_answer(
         jp_fetch, jp_serverapp, fake, gpuctx):
     kid, pid = await start(jp_fetch, jp_serverapp, fake, "b.ipynb")

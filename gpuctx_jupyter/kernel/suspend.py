@@ -66,7 +66,8 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
 # How long a resume may take before the kernel gives up on it: the restore of a whole H200's memory
 # is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
 RESTORE_TIMEOUT_S = 300.0
-WARMUP_STOP_S = 5.0  # a suspend waits this long for a warm-up step under way to end
+WARMUP_STOP_S = 1.0  # a suspend waits this long for a warm-up step under way (the server, 2 s in all)
+WARMING = "its warm-up is in the middle of a step: try again in a few seconds (`%gpu status` shows it)"
 log = logging.getLogger("gpuctx")
 
 
@@ -108,6 +109,9 @@ class Gate:
         self._resuming: tuple[str, float] | None = None  # who asked for the resume under way, and when
         self._reads = 0  # sampler reads in flight
         self._waiting: subprocess.Popen | None = None
+        self._preparing = False
+        # no warm-up plan starts from a consent's first check until the kernel runs again
+        kernel_state.warmer.held = lambda: self._preparing or self.state != RUNNING
         self._note: str | None = None  # for the output of the cell that resumed the kernel
 
     @property
@@ -131,9 +135,17 @@ class Gate:
 
     # -- the server's requests ---------------------------------------------------------------------
     def prepare(self, token: str) -> dict:
-        why = self._refusal() if token else "no token given"
+        self._preparing = True
+        try:
+            return self._prepare(token)
+        finally:
+            self._preparing = False
+
+    def _prepare(self, token: str) -> dict:
+        why = ("no token given" if not token else "it is running a cell: suspend it once it is idle" if self.busy
+               else self._refusal())
         if why:
-            return {"status": "refused", "message": why}
+            return {"status": "refused", "message": why, **({"retry": True} if why == WARMING else {})}  # asked again
         # Cache is free memory to the user: moving it to host memory and back would cost host RAM and
         # seconds for nothing, so it goes back to the GPU first, as Release does (a running cell is
         # refused below).
@@ -156,11 +168,6 @@ class Gate:
         return {"status": "ok", "pid": self.pid, "report": report, "released_cache": released}
 
     def _refusal(self) -> str | None:
-        # A warm-up waiting for its turn is given up (what it did stays in the checkpoint); a step
-        # under way on the GPU ends first, within WARMUP_STOP_S as a rule.
-        if not self.kernel_state.warmer.stop("the kernel was suspended", for_good=False, wait=WARMUP_STOP_S):
-            return ("its warm-up is in the middle of a step on the GPU: try again in a few seconds "
-                    "(`%gpu status` shows the step)")
         workers = self.kernel_state.workers
         if workers is not None and workers.running:
             return ("it has data-parallel workers (%gpu workers), processes of their own that the driver would "
@@ -168,6 +175,10 @@ class Gate:
         if shares_cuda_memory():
             return ("it uses GPU memory another process shared with it (CUDA IPC, e.g. a DataLoader worker's CUDA "
                     "tensors): the driver could not restore it")
+        # Last: a warm-up waiting for its turn is given up (what it did is in the checkpoint); one
+        # with a step or an import under way past WARMUP_STOP_S goes on, and the suspend waits.
+        if not self.kernel_state.warmer.stop("a suspend was asked for", for_good=False, wait=WARMUP_STOP_S):
+            return WARMING
         return None
 
     def done(self, content: dict) -> dict:

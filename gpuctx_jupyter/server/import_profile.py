@@ -57,6 +57,7 @@ HANG_FRACTION = 1 / 3  # an import still running after this share of the import 
 DROP_EXPIRES_S = 7 * 24 * 3600.0  # a dropped or left-out module is tried again after a week
 # the reasons `outcome` drops a module for: a profile file's drops for any other are forgotten on load
 DROP_REASON = re.compile(r"its import (failed|created a CUDA context|did not finish in \d+ s)")
+MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")  # a profile file's module names: dotted identifiers
 SKIP_DIRS = {"node_modules", "site-packages", "__pycache__", ".ipynb_checkpoints", ".git", ".venv", "venv"}
 
 
@@ -71,6 +72,7 @@ class Entry:
     driver: bool = False  # its import starts the CUDA driver
     memory: int | None = None  # bytes of host memory its import added to a standby, as last seen
     names: list[str] = field(default_factory=list)  # taken from it by `from module import name`, newest first
+    name_seconds: dict[str, float] = field(default_factory=dict)  # resolving each, as a standby last measured it
 
 
 class ImportProfile:
@@ -100,6 +102,7 @@ class ImportProfile:
             entry = self.entries.setdefault(module, Entry(module))
             fresh = [n for n in names if n.isidentifier()]
             entry.names = (fresh + [n for n in entry.names if n not in fresh])[:MAX_NAMES]
+            entry.name_seconds = {n: t for n, t in entry.name_seconds.items() if n in entry.names}
             if module not in seen:
                 seen.add(module)
                 entry.seen += 1
@@ -130,17 +133,22 @@ class ImportProfile:
         elif state == "skipped" and detail:  # not installed there, local code, the deny list
             self.leave_out(kernel_name, module, detail)
 
-    def name_outcome(self, module: str, name: str, state: str, cuda: str, detail: str = "") -> None:
-        """What resolving `from module import name` did in a standby: one that failed is forgotten
-        (a notebook that takes it again brings it back); one that created a CUDA context drops the
-        module, as its import would."""
+    def name_outcome(self, module: str, name: str, state: str, seconds: float | None, cuda: str, detail: str = "",
+                     paused_s: float = 0.0) -> None:
+        """What resolving `from module import name` did in a standby: its time counts with the
+        module's; one that failed or hung is forgotten (a notebook that takes it again brings it
+        back); one that created a CUDA context drops the module, as its import would."""
         entry = self.entries.get(module)
-        if entry is None:
+        if entry is None or name not in entry.names:
             return
+        if seconds is not None and state == "done":
+            entry.name_seconds[name] = seconds
+        hung = "import budget" in detail and (seconds or 0.0) - paused_s >= HANG_FRACTION * self.budget_s
         if cuda == "context":
             self._drop(entry, f"its import created a CUDA context (GPU memory in a standby), with {name}")
-        elif state == "failed" and "import budget" not in detail and name in entry.names:
+        elif state == "failed" and (hung or "import budget" not in detail):
             entry.names.remove(name)
+            entry.name_seconds.pop(name, None)
 
     def leave_out(self, kernel_name: str, module: str, why: str) -> None:
         """`module` is not imported ahead by standbys of `kernel_name` (the others still do)."""
@@ -180,11 +188,14 @@ class ImportProfile:
         if module not in self._logged:
             self._logged.add(module)
             self.log.info("gpuctx pool: %s is no longer imported ahead by standbys: %s", module, why)
-    def take_back(self, kernel_name: str, module: str, why: str) -> None:
-        """`module`, left out for `kernel_name`, is imported ahead by its standbys again."""
-        if self.left_out.get(kernel_name, {}).pop(module, None) is not None:
-            self._logged.discard(f"{kernel_name}:{module}")
-            self.log.info("gpuctx pool: %s is imported ahead by %s standbys again: %s", module, kernel_name, why)
+    def take_back(self, kernel_name: str, module: str, why: str) -> bool:
+        """`module`, left out for `kernel_name`, is imported ahead by its standbys again (False: it
+        was not left out, or has lapsed meanwhile)."""
+        if self.left_out.get(kernel_name, {}).pop(module, None) is None:
+            return False
+        self._logged.discard(f"{kernel_name}:{module}")
+        self.log.info("gpuctx pool: %s is imported ahead by %s standbys again: %s", module, kernel_name, why)
+        return True
 
     def _lapse(self, now: float) -> None:
         """Drops and left-outs older than DROP_EXPIRES_S are tried again."""
@@ -211,7 +222,7 @@ class ImportProfile:
                 continue
             if len(out) >= self.max_modules:
                 break
-            cost = entry.seconds or 0.0
+            cost = (entry.seconds or 0.0) + sum(entry.name_seconds.values())
             if spent + cost > self.budget_s:
                 continue
             spent += cost
@@ -242,7 +253,10 @@ class ImportProfile:
                 if not isinstance(entry.names, list):
                     entry.names = []
                 entry.names = [n for n in entry.names if isinstance(n, str) and n.isidentifier()][:MAX_NAMES]
-                if isinstance(entry.module, str) and entry.module:
+                times = entry.name_seconds if isinstance(entry.name_seconds, dict) else {}
+                entry.name_seconds = {n: float(t) for n, t in times.items() if n in entry.names
+                                      and isinstance(t, (int, float))}
+                if isinstance(entry.module, str) and MODULE.fullmatch(entry.module):
                     if entry.dropped and not (isinstance(entry.dropped, str) and DROP_REASON.match(entry.dropped)):
                         entry.dropped, entry.dropped_at = "", 0.0  # under older rules, which no longer hold
                     elif entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now

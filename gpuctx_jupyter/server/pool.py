@@ -304,8 +304,8 @@ class Pool:
                 self.background.spawn(self._spawn(name, kind), f"starting a standby {name} kernel")
 
     def _outdated(self, s: Standby) -> bool:
-        """An imports standby that lacks modules the profile has since learnt."""
-        return bool(set(self.profile.modules(s.kernel_name)) - set(s.profile)) if self.profile else False
+        """An imports standby that lacks imports (or names) the profile has since learnt."""
+        return bool(set(self.profile.imports(s.kernel_name)) - set(s.profile)) if self.profile else False
 
     def _replaced(self, s: Standby) -> bool:
         """An outdated imports standby, once an up-to-date one of its kernelspec is ready."""
@@ -410,7 +410,8 @@ class Pool:
                                      st.get("detail", ""), kernel_name=s.kernel_name, paused_s=sb.paused_during(s, st))
             elif st.get("kind") == "import" and name.startswith("from ") and len(name.split()) == 4:
                 _, module, _, taken = name.split()
-                self.profile.name_outcome(module, taken, st.get("state", ""), st.get("cuda", ""), st.get("detail", ""))
+                self.profile.name_outcome(module, taken, st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
+                                          st.get("detail", ""), paused_s=sb.paused_during(s, st))
         self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
                               "saving the import profile")
 
@@ -433,9 +434,9 @@ class Pool:
                 self._import_specs.discard(name)
                 self.log.info("gpuctx pool: no imports standby for %s: no GPU framework is installed there", name)
                 return None
-            profile = tuple(self.profile.modules(name))
+            profile = tuple(self.profile.imports(name))  # modules, and "module:name" for names taken from them
             settings = WarmSettings(policy="always", recipe=STANDBY_RECIPE, source="the warm pool (imports standby)",
-                                    imports=self.profile.imports(name), opt_out=settings.opt_out,
+                                    imports=list(profile), opt_out=settings.opt_out,
                                     import_budget=self.cfg.import_profile_seconds)
             env.pop(SESSION, None)
             if self.cfg.standby_worker_imports:

@@ -68,7 +68,7 @@ class Standby:
     kind: str = "gpu"  # gpu | imports
     state: str = "booting"  # booting | ready | taken | stopping
     notebook: str | None = None  # the notebook whose warm plan it ran (gpu kind)
-    profile: tuple[str, ...] = ()  # what it was asked to import (imports kind)
+    profile: tuple[str, ...] = ()  # what it was asked to import (imports kind; "module:name" for names)
     imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
     driver: bool = False  # it has started the CUDA driver
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
@@ -98,7 +98,7 @@ class Standby:
 
     def imported(self) -> set[str]:
         """What it has imported (what it was asked to, while it is still importing)."""
-        return set(self.imports) or set(self.profile)
+        return set(self.imports) or {m for m in self.profile if ":" not in m}
 
     def rss(self) -> int | None:
         """Its resident memory, with its processes' (the workers' imports, kernel/worker_zygote.py;

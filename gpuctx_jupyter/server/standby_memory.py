@@ -54,10 +54,13 @@ class StandbyMemory:
             return
         done = frozenset(s.imports)
         last = self._looks.get(id(s))
-        self._looks[id(s)] = (own, done)
         if last is None or self.profile is None:
+            self._looks[id(s)] = (own, done)
             return
         new, grew = done - last[1], own - last[0]
+        if not new:  # what grew meanwhile belongs to the import under way: counted once it ends
+            return
+        self._looks[id(s)] = (own, done)
         for module in new if grew > 0 else ():
             entry = self.profile.entries.get(module)
             if entry is not None:
@@ -97,14 +100,17 @@ class StandbyMemory:
         if m["available"] is None:
             return []
         room = m["budget"] - m["standbys"] - self.seen
-        back = []
+        back, counted = [], set()
         for (kernel_name, module), cost in sorted(self.trimmed.items(), key=lambda kv: kv[1]):
             if REGROW_MARGIN * cost > room:
                 break
-            room -= cost
-            self.seen += cost
             del self.trimmed[(kernel_name, module)]
-            self.profile.take_back(kernel_name, module, "the standbys' share of host memory has room for it again")
+            if not self.profile.take_back(kernel_name, module, "the standbys' share of host memory has room for it again"):
+                continue  # its week out has lapsed meanwhile: already back, already counted
+            if module not in counted:  # (the next standby of each kernelspec is counted at `seen`)
+                counted.add(module)
+                room -= cost
+                self.seen += cost
             back.append(f"{module} ({kernel_name})")
         return back
 

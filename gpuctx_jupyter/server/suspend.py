@@ -57,6 +57,7 @@ from .snapshot import session_paths
 
 GIB = 2**30
 ACTIONS = {"suspend": "suspend_kernel", "resume": "resume_kernel"}  # route -> the lifecycle's action
+WARMUP_WAIT_S = 30.0  # a kernel whose warm-up is mid-step (it says `retry`) is asked again for this long
 SETTLE_S = 1.0  # NVML may list a suspended process's memory for a moment: read again this long
 WATCH_INTERVAL_S = 2.0  # how often suspended kernels are checked for having resumed themselves
 
@@ -283,10 +284,14 @@ class SuspendManager:
 
     async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int]:
         """The kernel's consent: its pid, and the bytes of allocator cache it gave back first."""
-        timeout = self.cfg.kernel_query_timeout
+        timeout, until = self.cfg.kernel_query_timeout, time.monotonic() + WARMUP_WAIT_S
         try:
-            reply = await kernel_client.request(kernel, "control", contract.SUSPEND_PREPARE_REQUEST,
-                                                {"token": token}, timeout)
+            while True:  # a warm-up's step or import under way ends within seconds: the suspend waits
+                reply = await kernel_client.request(kernel, "control", contract.SUSPEND_PREPARE_REQUEST,
+                                                    {"token": token}, timeout)
+                if not (reply.get("content") or {}).get("retry") or time.monotonic() > until:
+                    break
+                await asyncio.sleep(0.5)
         except kernel_client.NoReply:
             raise Refused(409, f"the kernel did not answer within {timeout:g} s (is gpuctx loaded in it? "
                                "%load_ext gpuctx): without gpuctx it could not resume itself before its next "

@@ -1,10 +1,11 @@
 """Where a plan's GPU work goes: whether any is done here (and why not), and on which devices —
-the notebook's, else the kernel's."""
+the notebook's, else the kernel's — each batch of it handed to the frameworks' recipes there."""
 from __future__ import annotations
 
 from ...core import cuda_driver, inventory
 from ...core import frameworks as fws
 from .plan import Plan, Step
+from .recipes import RECIPES, recipe
 
 
 def why_no_gpu_work(plan: Plan, imported, turn) -> tuple[str | None, bool]:
@@ -63,3 +64,29 @@ def _follow_notebook(plan: Plan, ordinal: int, switcher) -> None:
         from ..switching import Choice
 
         switcher.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
+
+
+def gpu_batch(warmer, plan: Plan, device, steps: list[Step]) -> None:
+    """One batch of `warmer`'s GPU work, by each framework's recipe, on each device the notebook
+    uses (the first batch picks them: warmer._ordinals)."""
+    if warmer._ordinals is None:
+        warmer._ordinals = devices_of(plan, device, warmer.switcher)
+        warmer.status.device = warmer._ordinals[0]
+    for i, ordinal in enumerate(warmer._ordinals):
+        batch = steps
+        if i:  # another device: the same work again, shown as its own steps
+            batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
+                          framework=s.framework, names=s.names, ordinal=ordinal) for s in steps]
+            plan.steps += batch
+        for fw in RECIPES:
+            mine = [s for s in batch if s.framework == fw]
+            if mine:
+                recipe(fw).gpu(warmer, mine, ordinal)
+
+
+def cpu_batch(warmer, plan: Plan, steps: list[Step]) -> None:
+    """No GPU: what each framework's recipe still does on the CPU."""
+    for fw in RECIPES:
+        mine = [s for s in steps if s.framework == fw and s.state == "planned"]
+        if mine:
+            recipe(fw).cpu(warmer, mine)

@@ -361,7 +361,7 @@ def imports_only(modules, deny=DEFAULT_DENY, cwd: str | None = None) -> Plan:
     for item in modules:
         module, _, name = item.partition(":")
         if name:
-            if module in planned and name.isidentifier():
+            if module in planned and name.isidentifier() and not denied(f"{module}.{name}", deny):
                 plan.add(Step("import", f"from {module} import {name}", where="import profile: what notebooks take "
                               "from it", module=module, names=(name,)))
             continue
@@ -434,8 +434,8 @@ def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports,
             seen.add(ev.module)
             step = Step("import", f"import {ev.module}" if not ev.names else f"from {ev.module} import "
                         f"{', '.join(ev.names)}", where=where, code=code, module=ev.module, names=ev.names)
-            plan.add(step)
-            entry = denied(ev.module, deny)
+            plan.add(step)  # (`from matplotlib import pyplot` imports what the deny list names)
+            entry = denied(ev.module, deny) or next(filter(None, (denied(f"{ev.module}.{n}", deny) for n in ev.names)), None)
             if plan.stopped:
                 step.state, step.detail = "skipped", "after set-up the warm-up leaves to your notebook"
             elif entry:

@@ -29,11 +29,10 @@ from ...core import frameworks as fws
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
-from .devices import devices_of, why_no_gpu_work
+from .devices import cpu_batch, gpu_batch, why_no_gpu_work
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
-from .recipes import RECIPES, recipe
 
 log = logging.getLogger("gpuctx")
 # A cell that names one of these does its own first GPU work: the warm-up then does no more GPU
@@ -61,6 +60,7 @@ class Warmer:
         self.starting_cuda = threading.Event()
         self._unloaded = False  # this warm-up takes no further step (stop()): `_stopped` says why
         self._stopped, self._for_good = "", False  # for good: gpuctx unloaded, no later plan starts
+        self.held = lambda: False  # no plan starts while true: a suspend under way (kernel/suspend.py)
         self._thread: threading.Thread | None = None
         self._pending: tuple | None = None  # a start scheduled for the kernel's first kernel_info reply
         self._grace: threading.Timer | None = None
@@ -101,7 +101,8 @@ class Warmer:
         """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
         notebook never holds up the kernel). False when a warm-up is already running."""
         with self._lock:
-            if self._for_good or (self._thread is not None and self._thread.is_alive() and not self._exiting):
+            if self._for_good or self.held() or (self._thread is not None and self._thread.is_alive()
+                                                 and not self._exiting):
                 return False
             self._unloaded = False  # stopped for a suspend: a later plan (typed cells) may start
             self._pending, self._exiting = None, False
@@ -171,16 +172,25 @@ class Warmer:
             self._grace = side.timer(grace, self.go)
 
     def stop(self, why: str = "gpuctx was unloaded (%unload_ext)", for_good: bool = True, wait: float = 0.0) -> bool:
-        """No scheduled start, no plan after this one, and no further step (the one under way ends
-        on its own): for good when gpuctx is unloaded; before a suspend a later plan may start.
-        Waits up to `wait` s for the thread to end; whether it has."""
-        self.cancel_scheduled(f"stopped before it started: {why}")
+        """No further step (the one under way ends on its own) nor plan: for good when gpuctx is
+        unloaded. Before a suspend the step under way and its imports get `wait` s to end; if they
+        do not, the warm-up goes on as if not asked. Whether nothing of it runs now."""
+        if for_good:
+            self.cancel_scheduled()
         with self._cond:
             self._unloaded, self._stopped, self._for_good = True, why, for_good or self._for_good
             self._cond.notify_all()
-        if wait and self._thread is not None:
-            self._thread.join(wait)
-        return not self.running
+        end, thread = time.monotonic() + wait, self._thread
+        if thread is not None:
+            thread.join(wait)
+        flights = [d for d in (self._importing, *self._background) if d is not None]
+        for done in flights:
+            done.wait(max(0.0, end - time.monotonic()))
+        quiet = not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
+        if not quiet and not for_good:
+            with self._cond:
+                self._unloaded = self._for_good
+        return quiet
 
     def cancel_scheduled(self, why: str = "unloaded before it started") -> None:
         """Forget a scheduled start that has not begun."""
@@ -378,14 +388,14 @@ class Warmer:
                             and s.state in ("done", "running")]
                 (reason, waits), decided = why_no_gpu_work(plan, imported, self._turn), True
             if reason:
-                self._cpu_steps(plan, todo)
+                cpu_batch(self, plan, todo)
                 short = reason.split("; ", 1)[-1].split(":", 1)[0]  # "no GPU is visible", ...
                 for s in todo:
                     s.waits = waits  # (for the notebook's line: typed cells warm the GPU once it has run)
                     if s.state == "planned":
                         s.state, s.detail = "skipped", short
             else:
-                self._gpu_steps(plan, device, todo)
+                gpu_batch(self, plan, device, todo)
         self.wait_background()
         failed = [s for s in plan.steps if s.state == "failed"]
         if failed:
@@ -531,7 +541,7 @@ class Warmer:
                 self._importing = done
             threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
             while not done.wait(0.1):
-                if self._unloaded:
+                if self._unloaded and self._for_good:  # (a suspend waits for the import: stop())
                     raise _Unloaded
                 if self._stepping_aside:  # the import goes on in its own thread, which holds no handles
                     raise _SteppedAside
@@ -562,31 +572,6 @@ class Warmer:
             step.cuda = cuda_driver.touched()
             if step.cuda and self.plan is not None and not self.plan.gpu:
                 step.detail = "; ".join(x for x in (step.detail, f"it started CUDA ({step.cuda})") if x)
-
-    # -- GPU and CPU work ---------------------------------------------------------------------
-    def _gpu_steps(self, plan: Plan, device, steps: list[Step]) -> None:
-        """One batch of GPU work, on each device the notebook uses (the first batch picks them)."""
-        if self._ordinals is None:
-            self._ordinals = devices_of(plan, device, self.switcher)
-            self.status.device = self._ordinals[0]
-        for i, ordinal in enumerate(self._ordinals):
-            batch = steps
-            if i:  # another device: the same work again, shown as its own steps
-                batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
-                              framework=s.framework, names=s.names, ordinal=ordinal) for s in steps]
-                plan.steps += batch
-            for fw in RECIPES:
-                mine = [s for s in batch if s.framework == fw]
-                if mine:
-                    recipe(fw).gpu(self, mine, ordinal)
-
-    def _cpu_steps(self, plan: Plan, steps: list[Step]) -> None:
-        """No GPU: what each framework's recipe still does on the CPU."""
-        for fw in RECIPES:
-            mine = [s for s in steps if s.framework == fw and s.state == "planned"]
-            if mine:
-                recipe(fw).cpu(self, mine)
-
 
 class _SteppedAside(Exception):
     """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread
