@@ -188,6 +188,7 @@ class ImportProfile:
         if module not in self._logged:
             self._logged.add(module)
             self.log.info("gpuctx pool: %s is no longer imported ahead by standbys: %s", module, why)
+
     def take_back(self, kernel_name: str, module: str, why: str) -> bool:
         """`module`, left out for `kernel_name`, is imported ahead by its standbys again (False: it
         was not left out, or has lapsed meanwhile)."""

@@ -192,13 +192,13 @@ class Warmer:
                 self._unloaded = self._for_good
         return quiet
 
-    def cancel_scheduled(self, why: str = "unloaded before it started") -> None:
-        """Forget a scheduled start that has not begun."""
+    def cancel_scheduled(self) -> None:
+        """Forget a scheduled start that has not begun (unloading)."""
         with self._lock:
             self._next = None
             if self._pending is not None:
                 self._pending = None
-                self.status = WarmState(detail=why)
+                self.status = WarmState(detail="unloaded before it started")
 
     def go(self) -> bool:
         """Start a scheduled warm-up now; False when none was scheduled."""
