@@ -76,20 +76,12 @@ def _take_assigned_device(ip, st) -> None:
     framework already imported switched as if it had just been imported — lazily, without asking
     it whether it can use a GPU, so the hand-over starts no CUDA (torch queues the switch for its
     own start-up)."""
-    from ..core import inventory
-    from ..core.devices import SpecError, parse_spec
-    from .switching import Choice
     from .warm.settings import GpuWarmup
+    from .warm.start import configured_device
 
-    cfg = GpuWarmup(parent=ip)
-    if not cfg.device:
-        return
-    try:
-        dev = parse_spec(cfg.device, inventory.take().devices)
-    except SpecError as exc:
-        log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
-        return
-    st.switcher.assign(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
+    choice = configured_device(GpuWarmup(parent=ip))
+    if choice is not None:
+        st.switcher.assign(choice)
 
 
 def _rebased(path: list[str], old_cwd: str, cwd: str, sitedirs: list[str] | None = None) -> list[str]:

@@ -33,6 +33,7 @@ class KernelState:
         # Seconds it waited ready in the warm pool, once the pool has handed it to a notebook (kept
         # here, not in os.environ: a fresh kernel has no such variable, and neither has this one)
         self.pooled: str | None = None
+        self._interrupting = False  # this cell raises KeyboardInterrupt (_Interrupted), once
 
     def _warmup_starting_cuda(self) -> bool:
         """Whether the warm-up is in torch's lazy CUDA init right now (not merely running: a cell
@@ -45,10 +46,13 @@ class KernelState:
             self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
         except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import
             _interrupt_the_cell()
+            self._interrupting = True
         self.switcher.enforce()
 
     def after_cell(self, result=None) -> None:
-        _interrupt_the_cell(undo=True)
+        if self._interrupting:
+            self._interrupting = False
+            _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
         torch = fws.TORCH
         if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)

@@ -122,16 +122,13 @@ class ImportProfile:
         if seconds is not None and state == "done":
             entry.seconds = seconds
         entry.driver = entry.driver or cuda == "driver"
+        broke = self._broke(state, seconds, detail, paused_s)
         if cuda == "context":
             self._drop(entry, "its import created a CUDA context (GPU memory in a standby)")
-        elif "import budget" in detail:  # skipped (no time was left) or cut short (time ran out)
-            own = (seconds or 0.0) - paused_s
-            if state == "failed" and own >= HANG_FRACTION * self.budget_s:
-                self._drop(entry, f"its import did not finish in {own:.0f} s ({detail})")
-        elif state == "failed":
-            self._drop(entry, f"its import failed ({detail})" if detail else "its import failed")
-        elif state == "skipped" and detail:  # not installed there, local code, the deny list
-            self.leave_out(kernel_name, module, detail)
+        elif broke:
+            self._drop(entry, broke)
+        elif state == "skipped" and detail and "import budget" not in detail:
+            self.leave_out(kernel_name, module, detail)  # not installed there, local code, the deny list
 
     def name_outcome(self, module: str, name: str, state: str, seconds: float | None, cuda: str, detail: str = "",
                      paused_s: float = 0.0) -> None:
@@ -143,12 +140,22 @@ class ImportProfile:
             return
         if seconds is not None and state == "done":
             entry.name_seconds[name] = seconds
-        hung = "import budget" in detail and (seconds or 0.0) - paused_s >= HANG_FRACTION * self.budget_s
         if cuda == "context":
             self._drop(entry, f"its import created a CUDA context (GPU memory in a standby), with {name}")
-        elif state == "failed" and (hung or "import budget" not in detail):
+        elif self._broke(state, seconds, detail, paused_s):
             entry.names.remove(name)
             entry.name_seconds.pop(name, None)
+
+    def _broke(self, state: str, seconds: float | None, detail: str, paused_s: float) -> str:
+        """Why what a standby tried (an import, a name) is held against it: it failed, or ran past
+        HANG_FRACTION of the import budget (its paused time not counted); "" when not — a budget
+        that left no time, or cut it short sooner, is no judgement on it."""
+        if state != "failed":
+            return ""
+        if "import budget" not in detail:
+            return f"its import failed ({detail})" if detail else "its import failed"
+        own = (seconds or 0.0) - paused_s
+        return f"its import did not finish in {own:.0f} s ({detail})" if own >= HANG_FRACTION * self.budget_s else ""
 
     def leave_out(self, kernel_name: str, module: str, why: str) -> None:
         """`module` is not imported ahead by standbys of `kernel_name` (the others still do)."""

@@ -58,7 +58,7 @@ class Warmer:
         # thread that starts meanwhile waits for it (torch's init lock), then takes its device
         # (switching.py, threads.py); set under the cells' lock, so no cell starts unseen between
         self.starting_cuda = threading.Event()
-        self._unloaded = False  # this warm-up takes no further step (stop()): `_stopped` says why
+        self._stop_asked = False  # this warm-up takes no further step (stop()): `_stopped` says why
         self._stopped, self._for_good = "", False  # for good: gpuctx unloaded, no later plan starts
         self.held = lambda: False  # no plan starts while true: a suspend under way (kernel/suspend.py)
         self._thread: threading.Thread | None = None
@@ -104,7 +104,7 @@ class Warmer:
             if self._for_good or self.held() or (self._thread is not None and self._thread.is_alive()
                                                  and not self._exiting):
                 return False
-            self._unloaded = False  # stopped for a suspend: a later plan (typed cells) may start
+            self._stop_asked = False  # stopped for a suspend: a later plan (typed cells) may start
             self._pending, self._exiting = None, False
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
                                     started=time.monotonic())
@@ -178,7 +178,7 @@ class Warmer:
         if for_good:
             self.cancel_scheduled()
         with self._cond:
-            self._unloaded, self._stopped, self._for_good = True, why, for_good or self._for_good
+            self._stop_asked, self._stopped, self._for_good = True, why, for_good or self._for_good
             self._cond.notify_all()
         end, thread = time.monotonic() + wait, self._thread
         if thread is not None:
@@ -189,7 +189,7 @@ class Warmer:
         quiet = not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
         if not quiet and not for_good:
             with self._cond:
-                self._unloaded = self._for_good
+                self._stop_asked = self._for_good
         return quiet
 
     def cancel_scheduled(self) -> None:
@@ -420,7 +420,7 @@ class Warmer:
         last one (longer before a heavy step); a cell waiting on the warm-up lets it go on. Returns
         the cells started by then (read under the lock: a cell started later overlaps the step)."""
         with self._cond:
-            while not (self._waiters or self._cell_waits or self._stepping_aside or self._unloaded):
+            while not (self._waiters or self._cell_waits or self._stepping_aside or self._stop_asked):
                 if self._cells == 0:
                     need = HEAVY_IDLE_S if heavy else LIGHT_IDLE_S
                     idle = need if self._last_cell_end is None else time.monotonic() - self._last_cell_end
@@ -430,7 +430,7 @@ class Warmer:
                 else:
                     self.status.phase = f"starting {step.name} once your cells finish"
                     self._cond.wait(1.0)
-            if self._unloaded:
+            if self._stop_asked:
                 raise _Unloaded
             self.status.phase = step.name
             if step.op == "cuda_init":  # a cell starting from now on waits for it (state.py)
@@ -541,7 +541,7 @@ class Warmer:
                 self._importing = done
             threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
             while not done.wait(0.1):
-                if self._unloaded and self._for_good:  # (a suspend waits for the import: stop())
+                if self._for_good:  # (a suspend waits for the import: stop())
                     raise _Unloaded
                 if self._stepping_aside:  # the import goes on in its own thread, which holds no handles
                     raise _SteppedAside

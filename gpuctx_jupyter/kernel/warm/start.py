@@ -61,16 +61,26 @@ def wanted(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None) 
     return True, ""
 
 
+def configured_device(cfg: GpuWarmup) -> Choice | None:
+    """The device the configuration names (kernel config, or the server's launch), if any and valid
+    (else logged and ignored)."""
+    if not cfg.device:
+        return None
+    try:
+        dev = parse_spec(cfg.device, inventory.take().devices)
+    except SpecError as exc:
+        log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+        return None
+    return Choice(dev.ordinal, source=cfg.device_source or "kernel config")
+
+
 def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None:
     """Apply the configured device and warm-up policy (kernel config or the server's launch).
     `defer`: at kernel start-up, begin once the kernel has answered kernel_info (or after
     cfg.start_within s), so that readiness never waits for an import holding the GIL."""
-    if cfg.device:
-        try:
-            dev = parse_spec(cfg.device, inventory.take().devices)
-            state.switcher.use(Choice(dev.ordinal, source=cfg.device_source or "kernel config"))
-        except SpecError as exc:
-            log.warning("gpuctx: ignoring the configured device %r: %s", cfg.device, exc)
+    choice = configured_device(cfg)
+    if choice is not None:
+        state.switcher.use(choice)
     if cfg.recipe == STANDBY_RECIPE:
         # what its hand-over runs, imported while it waits rather than while an open waits for it
         from .. import adoption, worker_zygote  # noqa: F401
