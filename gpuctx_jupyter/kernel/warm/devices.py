@@ -66,13 +66,10 @@ def _follow_notebook(plan: Plan, ordinal: int, switcher) -> None:
         switcher.use(Choice(ordinal, source=f"the notebook ({plan.device_where})"))
 
 
-def gpu_batch(warmer, plan: Plan, device, steps: list[Step]) -> None:
-    """One batch of `warmer`'s GPU work, by each framework's recipe, on each device the notebook
-    uses (the first batch picks them: warmer._ordinals)."""
-    if warmer._ordinals is None:
-        warmer._ordinals = devices_of(plan, device, warmer.switcher)
-        warmer.status.device = warmer._ordinals[0]
-    for i, ordinal in enumerate(warmer._ordinals):
+def gpu_batch(warmer, plan: Plan, ordinals: list[int], steps: list[Step]) -> None:
+    """One batch of `warmer`'s GPU work, by each framework's recipe, on each of `ordinals` (the
+    devices the notebook uses: devices_of)."""
+    for i, ordinal in enumerate(ordinals):
         batch = steps
         if i:  # another device: the same work again, shown as its own steps
             batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,

@@ -29,7 +29,7 @@ from ...core import frameworks as fws
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
-from .devices import cpu_batch, gpu_batch, why_no_gpu_work
+from .devices import cpu_batch, devices_of, gpu_batch, why_no_gpu_work
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
@@ -395,7 +395,10 @@ class Warmer:
                     if s.state == "planned":
                         s.state, s.detail = "skipped", short
             else:
-                gpu_batch(self, plan, device, todo)
+                if self._ordinals is None:  # the first batch picks the devices
+                    self._ordinals = devices_of(plan, device, self.switcher)
+                    self.status.device = self._ordinals[0]
+                gpu_batch(self, plan, self._ordinals, todo)
         self.wait_background()
         failed = [s for s in plan.steps if s.state == "failed"]
         if failed:
