@@ -125,12 +125,10 @@ async def run(actions, action: str, kernel_id: str, by: str = "api") -> dict:
     time: another in flight is a 409, never a wait."""
     try:
         return await actions.run(ACTIONS[action], kernel_id, by, wait=False)
-    except Busy as exc:
+    except (Busy, Preempted) as exc:  # another action in flight; a restart or shutdown stopped it
         raise Refused(409, str(exc)) from None
     except Gone:
         raise Refused(404, f"kernel {kernel_id!r} was shut down meanwhile") from None
-    except Preempted as exc:  # a restart or shutdown of the kernel stopped it (its helper killed)
-        raise Refused(409, str(exc)) from None
 
 
 class SuspendManager:
