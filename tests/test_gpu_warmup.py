@@ -270,6 +270,25 @@ def test_a_jax_notebook_gets_its_backend_and_a_jit_on_its_gpu_without_preallocat
         stop(km, kc)
 
 
+def test_a_notebook_on_two_gpus_gets_its_jax_jit_on_each_named_once(tmp_path):
+    pytest.importorskip("jax")
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs two visible GPUs; this machine shows {torch.cuda.device_count()}")
+    km, kc = notebook_kernel(tmp_path, ["import torch\nimport jax\nimport jax.numpy as jnp",
+                                        "a = torch.ones(4, device='cuda:0')\nb = torch.ones(4, device='cuda:1')",
+                                        "g = jax.jit(jax.grad(lambda w: jnp.sum(w ** 2)))"],
+                             env={"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    try:
+        out = warmed(kc)
+        jits = {s["name"]: s["state"] for s in out["plan"]["steps"] if s.get("name", "").startswith("JAX backend")}
+        assert jits == {"JAX backend and a tiny jit(grad) on cuda:0": "done",
+                        "JAX backend and a tiny jit(grad) on cuda:1": "done"}, out["plan"]["steps"]
+    finally:
+        stop(km, kc)
+
+
 # -- import-warm standbys (issue #24) ---------------------------------------------------------------
 def test_an_imports_standby_holds_nothing_on_any_gpu_and_an_import_making_a_context_is_dropped(server_factory, tmp_path):
     import pynvml

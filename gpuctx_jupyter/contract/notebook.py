@@ -22,6 +22,7 @@ import json
 import os
 import re
 import stat
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -99,6 +100,13 @@ class Event:
     env: tuple[str, str | None] | None = None
     why: str = ""
     device: str = ""
+
+    @property
+    def beyond_stdlib(self) -> bool:
+        """An import of something outside the standard library (and not `__future__`): the
+        imports worth doing ahead, by a warm-up or a standby, because they take time."""
+        top = self.module.split(".")[0]
+        return self.kind == "import" and top not in sys.stdlib_module_names and top != "__future__"
 
 
 @dataclass

@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -94,11 +93,8 @@ class ImportProfile:
         before = self.imports()
         when = time.time() if when is None else when
         seen = set()
-        imports = [(ev.module, ev.names) for ev in facts.imports()]
+        imports = [(ev.module, ev.names) for ev in facts.imports() if ev.beyond_stdlib]
         for module, names in imports + ([(INDUCTOR_MODULE, ())] if "torch_compile" in facts.signals else []):
-            top = module.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__":
-                continue
             entry = self.entries.setdefault(module, Entry(module))
             fresh = [n for n in names if n.isidentifier()]
             entry.names = (fresh + [n for n in entry.names if n not in fresh])[:MAX_NAMES]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -199,9 +198,7 @@ def shadowed(s: Standby, cwd: str) -> str | None:
 def needed(facts: Facts) -> set[str]:
     """The notebook's top-level imports of modules beyond the standard library, and what its first
     torch.compile imports (as the import profile learns it)."""
-    return {e.module for e in facts.imports()
-            if e.module.split(".")[0] not in sys.stdlib_module_names and e.module.split(".")[0] != "__future__"
-            } | ({INDUCTOR_MODULE} if "torch_compile" in facts.signals else set())
+    return {e.module for e in facts.imports() if e.beyond_stdlib} | ({INDUCTOR_MODULE} if "torch_compile" in facts.signals else set())
 
 
 def paused_during(s: Standby, step: dict) -> float:

@@ -69,11 +69,12 @@ def _follow_notebook(plan: Plan, ordinal: int, switcher) -> None:
 def gpu_batch(warmer, plan: Plan, ordinals: list[int], steps: list[Step]) -> None:
     """One batch of `warmer`'s GPU work, by each framework's recipe, on each of `ordinals` (the
     devices the notebook uses: devices_of)."""
+    names = [s.name for s in steps]  # as planned: a recipe may name the first device in them
     for i, ordinal in enumerate(ordinals):
         batch = steps
         if i:  # another device: the same work again, shown as its own steps
-            batch = [Step(s.kind, f"{s.name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
-                          framework=s.framework, names=s.names, ordinal=ordinal) for s in steps]
+            batch = [Step(s.kind, f"{name} on cuda:{ordinal}", where=s.where, code=s.code, op=s.op,
+                          framework=s.framework, names=s.names, ordinal=ordinal) for s, name in zip(steps, names)]
             plan.steps += batch
         for fw in RECIPES:
             mine = [s for s in batch if s.framework == fw]

@@ -428,8 +428,7 @@ def _setup_and_imports(plan: Plan, events: list[Event], path, deny, max_imports,
                           detail="not done by the warm-up: the imports after it are left to your notebook"))
             plan.stopped = plan.stopped or f"imports stop at {where} ({ev.why})"
         elif ev.kind == "import":
-            top = ev.module.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__" or ev.module in seen:
+            if not ev.beyond_stdlib or ev.module in seen:
                 continue
             seen.add(ev.module)
             step = Step("import", f"import {ev.module}" if not ev.names else f"from {ev.module} import "
