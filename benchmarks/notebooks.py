@@ -635,6 +635,9 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 print(f"{'':<40}error: {err}")
     for name, why in skipped.items():
         print(f"{name:<18}skipped: {why}")
+    for name, cs in runs.items():
+        for line in pair_lines(cs):
+            print(f"{name}: {line}")
     for when in ("start", "end"):
         if env.get(f"standbys_at_{when}"):
             print(f"\nthe defaults' standbys at the {when}: " + "\n".join(footprint_lines(env[f"standbys_at_{when}"])))
@@ -646,6 +649,30 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 f"{k} {v:.2f}" for k, v in ((last.get("warmup") or {}).get("phases") or {}).items()))
     save(path, env, runs, skipped, table)
     print(f"\nwrote {path}")
+
+
+def pair_lines(cs: dict, base: str = "runall, warming off") -> list[str]:
+    """Run All pair by pair (each repeat plays every case once): every other case's total against
+    warming off's in the same repeat, and warming off against its own next play — what the host's
+    spread alone makes of one pair, the yardstick for "never slower than cold" in a handful of pairs."""
+    def totals(case):
+        return [sum(r["first"]) if r.get("first") and not r.get("errors") else None for r in cs.get(case) or ()]
+
+    def said(diffs, what):
+        slower = sorted(d for d in diffs if d > 0)
+        worse = f" ({', '.join(f'+{d:.2f}' for d in slower)} s)" if slower else ""
+        return f"{what}: median {statistics.median(diffs):+.2f} s, slower in {len(slower)} of {len(diffs)}{worse}"
+
+    cold, lines = totals(base), []
+    for case in cs:
+        if case.startswith("runall") and case != base:
+            diffs = [o - c for o, c in zip(totals(case), cold) if o is not None and c is not None]
+            if diffs:
+                lines.append(said(diffs, f"{case} − {base}, pair by pair"))
+    again = [b - a for a, b in zip(cold, cold[1:]) if a is not None and b is not None]
+    if lines and again:
+        lines.append(said(again, f"{base} − its previous play (the host's own spread)"))
+    return lines
 
 
 def _version(module: str) -> str:
