@@ -273,18 +273,30 @@ def test_a_profile_file_kept_under_older_rules_forgets_the_drops_todays_rules_do
     assert all(profile.entries[m].dropped_at > 0 for m in ("broken_mod", "ctx_mod"))  # lapse a week from now
 
 
-def test_the_names_a_standby_resolves_are_the_newest_taken_and_a_profile_file_cannot_smuggle_others_in(tmp_path):
-    """Names follow their module in a standby's list, the most recently taken first, at most
-    MAX_NAMES; a profile file's names that are not identifiers are not loaded."""
+def test_the_names_a_standby_resolves_stay_put_while_notebooks_take_them_and_a_file_cannot_smuggle_others_in(tmp_path):
+    """Names follow their module in a standby's list, at most MAX_NAMES. Two notebooks that take
+    more than that between them, opened in turn, leave the list as it is (each change of it starts
+    a new standby); a name no notebook has taken for NAME_STALE_S gives its place to a new one. A
+    profile file's names that are not identifiers are not loaded."""
     from gpuctx_jupyter.contract.notebook import Event, Facts, Where
     from gpuctx_jupyter.server import import_profile
 
+    def nb(path, names):
+        return Facts(path=path, events=[Event("import", Where(1, 1), module="pkg", names=names)])
+
     profile = learnt_profile()
-    many = tuple(f"N{i}" for i in range(import_profile.MAX_NAMES + 3))
-    profile.learn(Facts(path="a.ipynb", events=[Event("import", Where(1, 1), module="pkg", names=many)]))
-    profile.learn(Facts(path="b.ipynb", events=[Event("import", Where(1, 1), module="pkg", names=("Newest",))]))
-    assert profile.imports() == ["torch", "torch._dynamo", "torch.optim", "pkg", "pkg:Newest",
-                                 *(f"pkg:{n}" for n in many[:import_profile.MAX_NAMES - 1])]
+    a, b = tuple(f"A{i}" for i in range(6)), tuple(f"B{i}" for i in range(4))
+    now = time.time()
+    profile.learn(nb("a.ipynb", a), when=now)
+    profile.learn(nb("b.ipynb", b), when=now + 1)
+    first = profile.imports()
+    assert first == ["torch", "torch._dynamo", "torch.optim", "pkg", *(f"pkg:{n}" for n in a + b[:2])]
+    for i in range(2, 6):  # A, B, A, B opened in turn: nothing to start a standby for
+        assert profile.learn(nb("ab"[i % 2] + ".ipynb", (a, b)[i % 2]), when=now + i) is False
+        assert profile.imports() == first
+    later = now + import_profile.NAME_STALE_S + 10  # B opened a day on, A not since: A's names give way
+    assert profile.learn(nb("b.ipynb", b), when=later) is True
+    assert set(profile.entries["pkg"].names) >= set(b) and len(profile.entries["pkg"].names) == import_profile.MAX_NAMES
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"version": 1, "entries": [{"module": "pkg", "seen": 1, "last": 1.0,
                                                            "names": ["Good", "os.system('x')", 3, "a b"]}]}))
@@ -311,6 +323,68 @@ def test_resolving_names_counts_in_the_import_budget_and_a_name_that_hangs_is_fo
     profile.name_outcome("lazy", "Hangs", "failed", 30.0, "", budget_out)
     profile.name_outcome("lazy", "Late", "skipped", None, "", "the import budget (60 s) is spent")
     assert profile.entries["lazy"].names == ["Big", "Late"] and not profile.entries["lazy"].dropped
+    # the notebook opened again does not bring the name that hung back (each time a new standby)
+    opened = Facts(path="a.ipynb", events=[Event("import", Where(1, 1), module="lazy", names=("Big", "Hangs", "Late")),
+                                           Event("import", Where(1, 2), module="after")])
+    before = set(profile.imports())
+    profile.learn(opened)
+    assert set(profile.imports()) == before and profile.entries["lazy"].names == ["Big", "Late"]
+
+
+FAILS_LATE = """
+import json
+from gpuctx_jupyter.kernel.warm import plan as plans
+from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+w = Warmer()
+w.start_plan(lambda: plans.imports_only(["gpuctx_fails_late", "gpuctx_fails_late:A", "gpuctx_fails_late:B"]), source="t")
+w.wait(timeout=120)
+print(json.dumps([[s.name, s.state, s.detail] for s in w.plan.steps]))
+"""
+
+
+def test_a_module_whose_import_fails_is_not_imported_again_for_each_name_taken_from_it(tmp_path):
+    """A standby whose module fails at the end of its import (after its seconds of work) skips the
+    names taken from it, saying why, instead of running that import once more per name."""
+    import subprocess
+    import sys
+
+    from gpuctx_jupyter.contract import STANDBY as STANDBY_ENV
+
+    site = tmp_path / "lib" / "site-packages"
+    (site / "gpuctx_fails_late").mkdir(parents=True)
+    runs = tmp_path / "runs.txt"
+    (site / "gpuctx_fails_late" / "__init__.py").write_text(
+        f"open({str(runs)!r}, 'a').write('x')\nraise RuntimeError('broken at the end')\n")
+    env = {**os.environ, STANDBY_ENV: "1", "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", FAILS_LATE], capture_output=True, text=True, timeout=180, env=env)
+    assert out.returncode == 0, out.stderr
+    steps = json.loads(out.stdout.strip().splitlines()[-1])
+    assert steps[0][:2] == ["import gpuctx_fails_late", "failed"], steps
+    assert [s[1:] for s in steps[1:]] == [["skipped", "import gpuctx_fails_late failed"]] * 2, steps
+    assert runs.read_text() == "x"  # imported once
+
+
+def test_a_profile_files_numbers_of_the_wrong_kind_are_taken_as_unknown(tmp_path):
+    """A string, a NaN or an infinity where the profile file keeps a number (edited by hand, or
+    written by a broken tool) neither breaks the standbys' list nor turns the import budget off."""
+    import logging
+
+    from gpuctx_jupyter.server.import_profile import ImportProfile
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"version": 1, "entries": [
+        {"module": "text_seconds", "seen": "3", "last": "yesterday", "seconds": "2", "memory": "1 GiB"},
+        {"module": "nan_names", "seen": 1, "last": 2.0, "seconds": 1.0, "names": ["X", "X"],
+         "name_seconds": {"X": float("nan")}, "name_last": {"X": "now"}},
+        {"module": "inf_names", "seen": 1, "last": 3.0, "seconds": 1.0, "names": ["Y"], "name_seconds": {"Y": float("inf")},
+         "dropped_at": -5, "driver": "yes"},
+        {"module": "too_slow", "seen": 1, "last": 4.0, "seconds": 1e9},
+        {"module": 7}, "not an entry"]}))
+    profile = ImportProfile(str(path), logging.getLogger("test"), torch_installed=False, budget_s=60.0)
+    profile.load()
+    assert profile.modules() == ["inf_names", "nan_names", "text_seconds"]  # too_slow: past the budget
+    assert profile.imports() == ["inf_names", "inf_names:Y", "nan_names", "nan_names:X", "text_seconds"]
+    assert profile.entries["text_seconds"].seconds is None and profile.entries["inf_names"].driver is False
 
 
 def test_only_the_time_an_import_stood_paused_is_taken_off_its_own(monkeypatch):

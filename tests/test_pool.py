@@ -247,6 +247,36 @@ def test_a_standby_that_outgrows_its_memory_share_leaves_its_heaviest_imports_ou
     assert caplog.text.count("big_mod is no longer imported ahead by python3 standbys: its import adds 2048 MiB") == 1
 
 
+def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(monkeypatch):
+    """A standby reports its steps as it imports; the memory `from transformers import Trainer`
+    added is transformers' (a trimmed profile leaves the right module out), not that of the
+    module imported after it."""
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+    from gpuctx_jupyter.core import host_memory
+    from gpuctx_jupyter.server.standby import learn_report
+
+    pool = pool_alone(monkeypatch)
+    pool.profile.learn(Facts(path="nb.ipynb", events=[Event("import", Where(1, 1), module="transformers", names=("Trainer",)),
+                                                      Event("import", Where(2, 1), module="datasets")]))
+    s = booting_standby(pool, GIB)
+    rss = {"now": GIB}
+    monkeypatch.setattr(host_memory, "rss", lambda pid: rss["now"])
+    steps = []
+
+    def after(step: str, grew_mib: int):
+        steps.append({"kind": "import", "name": step, "state": "done"})
+        rss["now"] += grew_mib * 2**20
+        learn_report(s, {"plan": {"steps": steps}})
+        pool.mem.look(s)
+
+    pool.mem.look(s)  # the first look: where it starts from
+    after("import transformers", 200)
+    after("from transformers import Trainer", 600)
+    after("import datasets", 50)
+    memory = {m: pool.profile.entries[m].memory // 2**20 for m in ("transformers", "datasets")}
+    assert memory == {"transformers": 800, "datasets": 50}, memory
+
+
 def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(monkeypatch, caplog):
     """Left out because the host was short (another program's data), an import is not kept out for
     a week: once the standbys' budget has twice its size free again, the next standby imports it,

@@ -205,7 +205,10 @@ class GpuMagics(Magics):
                              "or leave it out of --frameworks")
         device = self._resolve(args.spec)[1].ordinal if args.spec else None
         if not self.warmer.start(names, DEFAULT_OPS, device, source="%gpu warm"):
-            print("gpuctx: a warm-up is already running: " + self.warmer.status.summary())
+            if self.warmer.held():
+                print("gpuctx: a suspend of this kernel is being prepared: run %gpu warm again in a moment")
+            else:
+                print("gpuctx: a warm-up is already running: " + self.warmer.status.summary())
             return
         if args.wait:
             print("gpuctx warm-up: " + self.warmer.wait().summary())

@@ -67,7 +67,8 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
 # is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
 RESTORE_TIMEOUT_S = 300.0
 WARMUP_STOP_S = 1.0  # a suspend waits this long for a warm-up step under way (the server, 2 s in all)
-WARMING = "its warm-up is in the middle of a step: try again in a few seconds (`%gpu status` shows it)"
+WARMING = ("its warm-up is in the middle of a step or an import: try again once that has ended (`%gpu status` "
+           "shows the warm-up)")
 log = logging.getLogger("gpuctx")
 
 

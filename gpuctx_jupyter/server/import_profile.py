@@ -13,8 +13,11 @@ instant. The profile holds:
 - the names those notebooks take from a module (`from transformers import BertModel`): a package
   that loads its parts lazily (transformers, diffusers) loads them only as a name is asked for, so
   a standby that imported the package alone left the notebook's import cell 1.5–2 s on an H200.
-  A standby resolves each one (`module:name` in its list, `imports()`); a name it cannot resolve is
-  forgotten until a notebook takes it again (no judgement on the module);
+  A standby resolves each one (`module:name` in its list, `imports()`). At most MAX_NAMES per
+  module: a new name takes a free place, or the place of one no notebook has taken for
+  NAME_STALE_S — never of one taken lately, since every change to the list starts a new standby
+  (two notebooks that take ten names between them would otherwise swap them at every open). A
+  name it cannot resolve is not taken again for DROP_EXPIRES_S (no judgement on the module);
 - `torch._inductor.compile_fx` for a notebook that calls torch.compile (the import its first
   compile pays; a standby that imports it starts inductor's compile workers too);
 - what each import costs and what it did, as the standbys report it: a module whose own import
@@ -38,6 +41,7 @@ order.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -48,7 +52,8 @@ from ..contract.notebook import Facts
 
 BASE_TORCH = ("torch", "torch._dynamo", "torch.optim")
 MAX_MODULES = 30
-MAX_NAMES = 8  # names taken from one module that a standby resolves, at most (the most recently seen)
+MAX_NAMES = 8  # names taken from one module that a standby resolves, at most
+NAME_STALE_S = 24 * 3600.0  # a name no notebook has taken for this long gives its place to a new one
 IMPORT_BUDGET_S = 60.0
 RECENT_NOTEBOOKS = 20  # notebooks read at start-up: the most recently modified ones under the root
 SCAN_ENTRIES = 5000  # folder entries looked at by the start-up scan at most
@@ -70,8 +75,27 @@ class Entry:
     dropped_at: float = 0.0  # when (epoch): tried again DROP_EXPIRES_S later
     driver: bool = False  # its import starts the CUDA driver
     memory: int | None = None  # bytes of host memory its import added to a standby, as last seen
-    names: list[str] = field(default_factory=list)  # taken from it by `from module import name`, newest first
+    names: list[str] = field(default_factory=list)  # taken from it by `from module import name`
     name_seconds: dict[str, float] = field(default_factory=dict)  # resolving each, as a standby last measured it
+    name_last: dict[str, float] = field(default_factory=dict)  # when a notebook last took each (epoch)
+    names_dropped: dict[str, float] = field(default_factory=dict)  # could not be resolved: when (epoch)
+
+    def take(self, names, when: float) -> None:
+        """A notebook takes `names` from this module (see the module's docstring)."""
+        for name in names:
+            if not name.isidentifier() or when - self.names_dropped.get(name, -DROP_EXPIRES_S) < DROP_EXPIRES_S:
+                continue
+            if name not in self.names:
+                stale = min((n for n in self.names if when - self.name_last.get(n, 0.0) > NAME_STALE_S),
+                            key=lambda n: self.name_last.get(n, 0.0), default=None)
+                if len(self.names) >= MAX_NAMES and stale is None:
+                    continue  # (the adopted kernel's warm-up resolves it after the hand-over)
+                if len(self.names) >= MAX_NAMES:
+                    self.names.remove(stale)
+                    self.name_seconds.pop(stale, None)
+                    self.name_last.pop(stale, None)
+                self.names.append(name)
+            self.name_last[name] = max(self.name_last.get(name, 0.0), when)
 
 
 class ImportProfile:
@@ -96,9 +120,7 @@ class ImportProfile:
         imports = [(ev.module, ev.names) for ev in facts.imports() if ev.beyond_stdlib]
         for module, names in imports + ([(INDUCTOR_MODULE, ())] if "torch_compile" in facts.signals else []):
             entry = self.entries.setdefault(module, Entry(module))
-            fresh = [n for n in names if n.isidentifier()]
-            entry.names = (fresh + [n for n in entry.names if n not in fresh])[:MAX_NAMES]
-            entry.name_seconds = {n: t for n, t in entry.name_seconds.items() if n in entry.names}
+            entry.take(names, when)
             if module not in seen:
                 seen.add(module)
                 entry.seen += 1
@@ -129,8 +151,8 @@ class ImportProfile:
     def name_outcome(self, module: str, name: str, state: str, seconds: float | None, cuda: str, detail: str = "",
                      paused_s: float = 0.0) -> None:
         """What resolving `from module import name` did in a standby: its time counts with the
-        module's; one that failed or hung is forgotten (a notebook that takes it again brings it
-        back); one that created a CUDA context drops the module, as its import would."""
+        module's; one that failed or hung is not taken again for DROP_EXPIRES_S; one that created a
+        CUDA context drops the module, as its import would."""
         entry = self.entries.get(module)
         if entry is None or name not in entry.names:
             return
@@ -141,6 +163,8 @@ class ImportProfile:
         elif self._broke(state, seconds, detail, paused_s):
             entry.names.remove(name)
             entry.name_seconds.pop(name, None)
+            entry.name_last.pop(name, None)
+            entry.names_dropped[name] = time.time()
 
     def _broke(self, state: str, seconds: float | None, detail: str, paused_s: float) -> str:
         """Why what a standby tried (an import, a name) is held against it: it failed, or ran past
@@ -207,6 +231,7 @@ class ImportProfile:
             if entry.dropped and now - entry.dropped_at > DROP_EXPIRES_S:
                 entry.dropped, entry.dropped_at = "", 0.0
                 self._logged.discard(entry.module)
+            entry.names_dropped = {n: t for n, t in entry.names_dropped.items() if now - t <= DROP_EXPIRES_S}
         for kernel_name, modules in self.left_out.items():
             for module, (_, when) in list(modules.items()):
                 if now - when > DROP_EXPIRES_S:
@@ -253,15 +278,9 @@ class ImportProfile:
             with open(self.path) as fh:
                 raw = json.load(fh)
             for item in raw.get("entries", []):
-                entry = Entry(**{k: item[k] for k in Entry.__dataclass_fields__ if k in item})
-                if not isinstance(entry.names, list):
-                    entry.names = []
-                entry.names = [n for n in entry.names if isinstance(n, str) and n.isidentifier()][:MAX_NAMES]
-                times = entry.name_seconds if isinstance(entry.name_seconds, dict) else {}
-                entry.name_seconds = {n: float(t) for n, t in times.items() if n in entry.names
-                                      and isinstance(t, (int, float))}
-                if isinstance(entry.module, str) and MODULE.fullmatch(entry.module):
-                    if entry.dropped and not (isinstance(entry.dropped, str) and DROP_REASON.match(entry.dropped)):
+                entry = _entry(item)
+                if entry is not None:
+                    if entry.dropped and not DROP_REASON.match(entry.dropped):
                         entry.dropped, entry.dropped_at = "", 0.0  # under older rules, which no longer hold
                     elif entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
                         entry.dropped_at = time.time()
@@ -288,6 +307,34 @@ class ImportProfile:
                 "dropped": {m: e.dropped for m, e in self.entries.items() if e.dropped},
                 "left_out": {k: {m: why for m, (why, _) in v.items()} for k, v in self.left_out.items() if v},
                 "learned": len(self.entries)}
+
+
+def _entry(item) -> Entry | None:
+    """One entry of a profile file, every field checked: a field of the wrong type or out of range
+    is taken as unknown (its default), never trusted (a NaN would turn off the import budget, a
+    string break the list's sort); None for an entry without a valid module name."""
+    if not isinstance(item, dict) or not isinstance(item.get("module"), str) or not MODULE.fullmatch(item["module"]):
+        return None
+
+    def number(v, default=None):  # a finite, non-negative number
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        return v if ok else default
+
+    def times(v, keep) -> dict[str, float]:
+        return {n: float(t) for n, t in v.items() if keep(n) and number(t) is not None} if isinstance(v, dict) else {}
+
+    names = item.get("names")
+    names = list(dict.fromkeys(n for n in names if isinstance(n, str) and n.isidentifier()))[:MAX_NAMES] \
+        if isinstance(names, list) else []
+    seen, memory = number(item.get("seen"), 0), number(item.get("memory"))
+    return Entry(item["module"], seen=int(seen), last=float(number(item.get("last"), 0.0)),
+                 seconds=number(item.get("seconds")),
+                 dropped=item["dropped"] if isinstance(item.get("dropped"), str) else "",
+                 dropped_at=float(number(item.get("dropped_at"), 0.0)), driver=item.get("driver") is True,
+                 memory=int(memory) if memory is not None else None, names=names,
+                 name_seconds=times(item.get("name_seconds"), lambda n: n in names),
+                 name_last=times(item.get("name_last"), lambda n: n in names),
+                 names_dropped=times(item.get("names_dropped"), lambda n: isinstance(n, str) and n.isidentifier()))
 
 
 def recent_notebooks(root: str, limit: int = RECENT_NOTEBOOKS, budget: int = SCAN_ENTRIES) -> list[tuple[float, str]]:

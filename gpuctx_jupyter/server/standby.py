@@ -69,6 +69,7 @@ class Standby:
     notebook: str | None = None  # the notebook whose warm plan it ran (gpu kind)
     profile: tuple[str, ...] = ()  # what it was asked to import (imports kind; "module:name" for names)
     imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
+    resolved: list[str] = field(default_factory=list)  # the names it has resolved, as "module:name"
     driver: bool = False  # it has started the CUDA driver
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
     _paused_at: float = 0.0
@@ -270,6 +271,7 @@ def learn_report(s: Standby, report: dict) -> None:
     """What the standby's warm-up has done, from its answer to the GPU question."""
     steps = (report.get("plan") or {}).get("steps") or []
     s.imports = list(dict.fromkeys(m for m in (imported_module(st) for st in steps) if m))
+    s.resolved = [item for st in steps for item in resolved_names(st)]
     s.driver = s.driver or any(st.get("cuda") for st in steps)
 
 
@@ -283,6 +285,15 @@ def imported_module(step: dict) -> str | None:
     if name.startswith("from "):
         return name.split()[1]
     return None
+
+
+def resolved_names(step: dict) -> list[str]:
+    """The names a done `from module import a, b` step resolved, as "module:a", "module:b"."""
+    name = str(step.get("name", ""))
+    if imported_module(step) is None or not name.startswith("from ") or " import " not in name:
+        return []
+    module, names = name[5:].split(" import ", 1)
+    return [f"{module.strip()}:{n.strip()}" for n in names.split(",") if n.strip()]
 
 
 async def hand_over(s: Standby, cwd: str, env: dict, connection_file: str) -> None:

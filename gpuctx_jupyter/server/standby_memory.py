@@ -9,7 +9,8 @@ heaviest learnt modules, as measured, left out) so that the next one fits; where
 cannot make it fit, it is counted at what it reached, and none starts again until memory is freed
 (without this the pool started the same standby, and stopped it, every second). What an import
 added is read while the standby imports: the growth of its resident memory between two looks (the
-pool's tick, every second) split over the imports it finished meanwhile, kept in the profile.
+pool's tick, every second) split over the imports it finished meanwhile, kept in the profile (a
+name resolved from a module, `from transformers import BertModel`, adds to its module's).
 
 What was left out to fit comes back once the budget has room for it again (memory another program
 held was freed), rather than after the week other left-outs wait: with REGROW_MARGIN times its size
@@ -52,7 +53,7 @@ class StandbyMemory:
         own = host_memory.rss(s.pid)
         if own is None:
             return
-        done = frozenset(s.imports)
+        done = frozenset(s.imports) | frozenset(s.resolved)
         last = self._looks.get(id(s))
         if last is None or self.profile is None:
             self._looks[id(s)] = (own, done)
@@ -61,10 +62,11 @@ class StandbyMemory:
         if not new:  # what grew meanwhile belongs to the import under way: counted once it ends
             return
         self._looks[id(s)] = (own, done)
-        for module in new if grew > 0 else ():
+        for item in sorted(new, key=lambda i: ":" in i) if grew > 0 else ():  # a module before its names
+            module, _, name = item.partition(":")
             entry = self.profile.entries.get(module)
             if entry is not None:
-                entry.memory = grew // len(new)
+                entry.memory = (entry.memory or 0) * bool(name) + grew // len(new)
 
     def ready(self, s) -> None:
         """A standby is ready: an imports one is what the next is counted at."""

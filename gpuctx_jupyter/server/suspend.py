@@ -58,6 +58,9 @@ from .snapshot import session_paths
 GIB = 2**30
 ACTIONS = {"suspend": "suspend_kernel", "resume": "resume_kernel"}  # route -> the lifecycle's action
 WARMUP_WAIT_S = 30.0  # a kernel whose warm-up is mid-step (it says `retry`) is asked again for this long
+# What a consent may take beyond an ordinary question: the kernel waits up to 1 s for a warm-up
+# step under way and up to 2 s for a sampler read (kernel/suspend.py)
+CONSENT_SLACK_S = 3.0
 SETTLE_S = 1.0  # NVML may list a suspended process's memory for a moment: read again this long
 WATCH_INTERVAL_S = 2.0  # how often suspended kernels are checked for having resumed themselves
 
@@ -232,9 +235,15 @@ class SuspendManager:
             raise Refused(409, "it holds no GPU memory: there is nothing to suspend")
         self._check_host(local, total)
         token = uuid.uuid4().hex
-        pid, released = await self._consent(kernel, token, pids)
-        if released:  # its cache went back to the GPU on consent: what moves is what it holds now
-            before = held_by(await self.read_inventory(), pids) or before
+        pid, released, asked = await self._consent(kernel, token, pids)
+        if released or asked > 1:  # its cache went back, or a warm-up step ended meanwhile: read again
+            try:
+                inv = await self.read_inventory()
+                before = held_by(inv, pids) or before
+                self._check_host(local, sum(before.values()))
+            except BaseException:
+                await self._tell(kernel, {"token": token, "ok": False})  # it consented: not suspending after all
+                raise
         rss_before = host_memory.rss(pid)
         t0 = time.perf_counter()
         outcome = await self.checkpointer.suspend(pid, int(self.cfg.suspend_lock_timeout * 1000), token)
@@ -280,17 +289,20 @@ class SuspendManager:
                                "(c.GpuctxServer.suspend_host_reserve_gib): free host memory, or suspend a notebook "
                                "that holds less")
 
-    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int]:
-        """The kernel's consent: its pid, and the bytes of allocator cache it gave back first."""
-        timeout, until = self.cfg.kernel_query_timeout, time.monotonic() + WARMUP_WAIT_S
+    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int, int]:
+        """The kernel's consent: its pid, the bytes of allocator cache it gave back first, and how
+        many times it was asked."""
+        timeout, until, asked = self.cfg.kernel_query_timeout, time.monotonic() + WARMUP_WAIT_S, 0
         try:
             while True:  # a warm-up's step or import under way ends within seconds: the suspend waits
+                asked += 1
                 reply = await kernel_client.request(kernel, "control", contract.SUSPEND_PREPARE_REQUEST,
-                                                    {"token": token}, timeout)
+                                                    {"token": token}, timeout + CONSENT_SLACK_S)
                 if not (reply.get("content") or {}).get("retry") or time.monotonic() > until:
                     break
                 await asyncio.sleep(0.5)
         except kernel_client.NoReply:
+            await self._tell(kernel, {"token": token, "ok": False})  # a late consent must not leave it suspending
             raise Refused(409, f"the kernel did not answer within {timeout:g} s (is gpuctx loaded in it? "
                                "%load_ext gpuctx): without gpuctx it could not resume itself before its next "
                                "cell") from None
@@ -307,7 +319,7 @@ class SuspendManager:
             raise Refused(409, f"the kernel reports pid {pid}, which is not among this kernel's processes "
                                f"({', '.join(map(str, sorted(pids)))}): not suspended")
         released = content.get("released_cache")
-        return pid, released if isinstance(released, int) and released > 0 else 0
+        return pid, released if isinstance(released, int) and released > 0 else 0, asked
 
     async def _tell(self, kernel, content: dict) -> None:
         try:

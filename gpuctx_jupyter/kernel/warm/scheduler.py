@@ -79,6 +79,7 @@ class Warmer:
         self._import_deadline = self._gate_base = 0.0  # (and the imports' held time then: _deadline)
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
+        self._flights: set[threading.Event] = set()  # every import thread still running (also one left behind)
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
         self._next: tuple | None = None  # (make_plan(previous), source): the plan to carry out next
         self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
@@ -183,7 +184,7 @@ class Warmer:
         end, thread = time.monotonic() + wait, self._thread
         if thread is not None:
             thread.join(wait)
-        flights = [d for d in (self._importing, *self._background) if d is not None]
+        flights = [d for d in (self._importing, *self._background, *list(self._flights)) if d is not None]
         for done in flights:
             done.wait(max(0.0, end - time.monotonic()))
         quiet = not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
@@ -524,9 +525,15 @@ class Warmer:
         if fws.imported(step.module) and not step.names:
             step.state, step.detail, step.seconds = "done", "already imported", 0.0
             return
+        module_step = next((s for s in self.plan.steps if s.kind == "import" and s.module == step.module
+                            and not s.names), None) if step.names and self.plan is not None else None
+        if module_step is not None and module_step.state in ("failed", "skipped"):  # not tried again per name
+            step.state, step.detail = "skipped", f"import {step.module} {module_step.state}"
+            return
         done, box = threading.Event(), {}
 
         def work():
+            self._flights.add(done)
             try:
                 with GATE.holding():  # (it stands still while a cell runs)
                     preload.libraries(step.module)  # the loader's share of the import, without the GIL
@@ -537,6 +544,7 @@ class Warmer:
             except BaseException as exc:  # noqa: BLE001 — recorded, never raised
                 box["exc"] = exc
             finally:
+                self._flights.discard(done)
                 done.set()
 
         def run():
