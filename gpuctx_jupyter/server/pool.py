@@ -512,6 +512,7 @@ class Pool:
             return None, note
         best.state = "taken"
         self.standbys.remove(best)
+        self.mem.forget(best)  # (one taken while it imported: its looks end here)
         return best, ""
 
     async def _refusal(self, s: Standby, env: dict, facts, cwd: str) -> str | None:
