@@ -546,7 +546,7 @@ def main() -> None:
                                             args.memory_history)
                     else:
                         result = play(srv, f"{name}.ipynb", cells, case, args.idle, args.memory_history)
-                    runs[name].setdefault(key, []).append(result)
+                    runs[name].setdefault(key, []).append(dict(result, repeat=rep))
                 save(args.json, env, runs, skipped)  # a command killed at its time limit keeps what ran
                 print(f"repeat {rep + 1}/{args.repeat}: {name} done", file=sys.stderr)
         env["standbys_at_end"] = standby_footprint(on)
@@ -575,14 +575,15 @@ def merge(paths: list[str], out: str) -> None:
     runs: dict[str, dict[str, list]] = {}
     skipped: dict[str, str] = {}
     envs = []
-    for path in paths:
+    for stream, path in enumerate(paths):
         with open(path) as fh:
             data = json.load(fh)
         envs.append(data["env"])
         skipped.update(data.get("skipped") or {})
         for name, cases in data["runs"].items():
-            for case, rs in cases.items():
-                runs.setdefault(name, {}).setdefault(case, []).extend(rs)
+            for case, rs in cases.items():  # (a pair is one stream's repeat: pair_lines)
+                runs.setdefault(name, {}).setdefault(case, []).extend(
+                    dict(r, stream=stream, repeat=r.get("repeat", i)) for i, r in enumerate(rs))
     env = dict(envs[0], merged=[dict(e, file=p) for e, p in zip(envs, paths)])
     report(runs, {k: v for k, v in skipped.items() if k not in runs}, env, out)
 
@@ -655,8 +656,9 @@ def pair_lines(cs: dict, base: str = "runall, warming off") -> list[str]:
     """Run All pair by pair (each repeat plays every case once): every other case's total against
     warming off's in the same repeat, and warming off against its own next play — what the host's
     spread alone makes of one pair, the yardstick for "never slower than cold" in a handful of pairs."""
-    def totals(case):
-        return [sum(r["first"]) if r.get("first") and not r.get("errors") else None for r in cs.get(case) or ()]
+    def totals(case) -> dict:  # (stream, repeat) -> Σ of the first cells; older results: by position
+        return {(r.get("stream", 0), r.get("repeat", i)): sum(r["first"]) for i, r in enumerate(cs.get(case) or ())
+                if r.get("first") and not r.get("errors")}
 
     def said(diffs, what):
         slower = sorted(d for d in diffs if d > 0)
@@ -666,10 +668,10 @@ def pair_lines(cs: dict, base: str = "runall, warming off") -> list[str]:
     cold, lines = totals(base), []
     for case in cs:
         if case.startswith("runall") and case != base:
-            diffs = [o - c for o, c in zip(totals(case), cold) if o is not None and c is not None]
+            diffs = [t - cold[k] for k, t in totals(case).items() if k in cold]
             if diffs:
                 lines.append(said(diffs, f"{case} − {base}, pair by pair"))
-    again = [b - a for a, b in zip(cold, cold[1:]) if a is not None and b is not None]
+    again = [cold[(s, r + 1)] - t for (s, r), t in sorted(cold.items()) if (s, r + 1) in cold]
     if lines and again:
         lines.append(said(again, f"{base} − its previous play (the host's own spread)"))
     return lines

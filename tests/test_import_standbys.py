@@ -323,12 +323,14 @@ def test_resolving_names_counts_in_the_import_budget_and_a_name_that_hangs_is_fo
     profile.name_outcome("lazy", "Hangs", "failed", 30.0, "", budget_out)
     profile.name_outcome("lazy", "Late", "skipped", None, "", "the import budget (60 s) is spent")
     assert profile.entries["lazy"].names == ["Big", "Late"] and not profile.entries["lazy"].dropped
-    # the notebook opened again does not bring the name that hung back (each time a new standby)
-    opened = Facts(path="a.ipynb", events=[Event("import", Where(1, 1), module="lazy", names=("Big", "Hangs", "Late")),
-                                           Event("import", Where(1, 2), module="after")])
-    before = set(profile.imports())
-    profile.learn(opened)
-    assert set(profile.imports()) == before and profile.entries["lazy"].names == ["Big", "Late"]
+    # a notebook opened again does not bring a name that failed back (each time, a new standby)
+    small = learnt_profile(budget_s=60.0)
+    opened = Facts(path="b.ipynb", events=[Event("import", Where(1, 1), module="pkg", names=("Fine", "Broken"))])
+    small.learn(opened)
+    small.outcome("pkg", "done", 1.0, "")
+    small.name_outcome("pkg", "Broken", "failed", 0.5, "", "AttributeError: no Broken")
+    assert small.learn(opened) is False
+    assert small.imports() == ["torch", "torch._dynamo", "torch.optim", "pkg", "pkg:Fine"]
 
 
 FAILS_LATE = """
@@ -365,8 +367,9 @@ def test_a_module_whose_import_fails_is_not_imported_again_for_each_name_taken_f
 
 
 def test_a_profile_files_numbers_of_the_wrong_kind_are_taken_as_unknown(tmp_path):
-    """A string, a NaN or an infinity where the profile file keeps a number (edited by hand, or
-    written by a broken tool) neither breaks the standbys' list nor turns the import budget off."""
+    """A string, a NaN, an infinity or an integer past any float where the profile file keeps a
+    number (edited by hand, or written by a broken tool) neither breaks the standbys' list nor turns
+    the import budget off; a time in the future counts as now (it would pin a module first for years)."""
     import logging
 
     from gpuctx_jupyter.server.import_profile import ImportProfile
@@ -379,11 +382,14 @@ def test_a_profile_files_numbers_of_the_wrong_kind_are_taken_as_unknown(tmp_path
         {"module": "inf_names", "seen": 1, "last": 3.0, "seconds": 1.0, "names": ["Y"], "name_seconds": {"Y": float("inf")},
          "dropped_at": -5, "driver": "yes"},
         {"module": "too_slow", "seen": 1, "last": 4.0, "seconds": 1e9},
+        {"module": "huge_int", "seen": 1, "last": 10**400, "seconds": 10**400},
+        {"module": "future", "seen": 1, "last": time.time() + 1e9, "seconds": 1.0},
         {"module": 7}, "not an entry"]}))
     profile = ImportProfile(str(path), logging.getLogger("test"), torch_installed=False, budget_s=60.0)
     profile.load()
-    assert profile.modules() == ["inf_names", "nan_names", "text_seconds"]  # too_slow: past the budget
-    assert profile.imports() == ["inf_names", "inf_names:Y", "nan_names", "nan_names:X", "text_seconds"]
+    assert profile.modules() == ["future", "inf_names", "nan_names", "huge_int", "text_seconds"]  # too_slow: past the budget
+    assert profile.entries["future"].last <= time.time()
+    assert profile.imports() == ["future", "inf_names", "inf_names:Y", "nan_names", "nan_names:X", "huge_int", "text_seconds"]
     assert profile.entries["text_seconds"].seconds is None and profile.entries["inf_names"].driver is False
 
 
@@ -409,6 +415,7 @@ def test_only_the_time_an_import_stood_paused_is_taken_off_its_own(monkeypatch):
              {"kind": "import", "name": "import quick_mod", "state": "failed", "seconds": 15.0, "started": now - 52,
               "detail": budget_out}]  # 15 s, 10 of them paused: 5 s its own (cut short, not hung)
     pool = SimpleNamespace(profile=learnt_profile("hung_mod", "quick_mod"), background=Background(None))
+    pool._save_profile = lambda: Pool._save_profile(pool)  # (the pool's own, on this namespace)
 
     async def learn():
         Pool._learn_outcomes(pool, s, {"plan": {"steps": steps}})

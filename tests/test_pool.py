@@ -250,7 +250,8 @@ def test_a_standby_that_outgrows_its_memory_share_leaves_its_heaviest_imports_ou
 def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(monkeypatch):
     """A standby reports its steps as it imports; the memory `from transformers import Trainer`
     added is transformers' (a trimmed profile leaves the right module out), not that of the
-    module imported after it."""
+    module imported after it — and only where this standby measured transformers itself, not on
+    top of what an earlier one measured."""
     from gpuctx_jupyter.contract.notebook import Event, Facts, Where
     from gpuctx_jupyter.core import host_memory
     from gpuctx_jupyter.server.standby import learn_report
@@ -275,6 +276,12 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
     after("import datasets", 50)
     memory = {m: pool.profile.entries[m].memory // 2**20 for m in ("transformers", "datasets")}
     assert memory == {"transformers": 800, "datasets": 50}, memory
+    s = booting_standby(pool, GIB)  # the next one: transformers already imported at its first look
+    steps[:] = [{"kind": "import", "name": "import transformers", "state": "done"}]
+    learn_report(s, {"plan": {"steps": steps}})
+    pool.mem.look(s)
+    after("from transformers import Trainer", 600)
+    assert pool.profile.entries["transformers"].memory // 2**20 == 800
 
 
 def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(monkeypatch, caplog):

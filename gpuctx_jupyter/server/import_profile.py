@@ -285,17 +285,25 @@ class ImportProfile:
                     elif entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
                         entry.dropped_at = time.time()
                     self.entries[entry.module] = entry
-        except (OSError, ValueError, TypeError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError, OverflowError):
             pass  # none yet, or not ours: learnt again from the notebooks
 
     def save(self) -> None:
+        self.write(self.snapshot())
+
+    def snapshot(self) -> dict:
+        """What save() writes, taken where the profile changes (the server's event loop): write()
+        may then run in another thread while notebooks opened meanwhile change it."""
+        return {"version": 1, "entries": [asdict(e) for e in self.entries.values()]}
+
+    def write(self, payload: dict) -> None:
         if not self.path:
             return
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "w") as fh:
-                json.dump({"version": 1, "entries": [asdict(e) for e in self.entries.values()]}, fh)
+                json.dump(payload, fh)
             os.replace(tmp, self.path)
         except OSError as exc:
             self._drop_once("(the profile file)", f"cannot write {self.path}: {exc}")
@@ -316,21 +324,29 @@ def _entry(item) -> Entry | None:
     if not isinstance(item, dict) or not isinstance(item.get("module"), str) or not MODULE.fullmatch(item["module"]):
         return None
 
+    now = time.time()
+
     def number(v, default=None):  # a finite, non-negative number
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-        return v if ok else default
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            return default
+        try:
+            return v if math.isfinite(float(v)) and v >= 0 else default
+        except OverflowError:  # an int past any float
+            return default
+
+    def when(v) -> float:  # a time (epoch), never later than now: a future one would pin a name or a drop
+        return min(float(number(v, 0.0)), now)
 
     def times(v, keep) -> dict[str, float]:
-        return {n: float(t) for n, t in v.items() if keep(n) and number(t) is not None} if isinstance(v, dict) else {}
+        return {n: when(t) for n, t in v.items() if keep(n) and number(t) is not None} if isinstance(v, dict) else {}
 
     names = item.get("names")
     names = list(dict.fromkeys(n for n in names if isinstance(n, str) and n.isidentifier()))[:MAX_NAMES] \
         if isinstance(names, list) else []
     seen, memory = number(item.get("seen"), 0), number(item.get("memory"))
-    return Entry(item["module"], seen=int(seen), last=float(number(item.get("last"), 0.0)),
-                 seconds=number(item.get("seconds")),
+    return Entry(item["module"], seen=int(seen), last=when(item.get("last")), seconds=number(item.get("seconds")),
                  dropped=item["dropped"] if isinstance(item.get("dropped"), str) else "",
-                 dropped_at=float(number(item.get("dropped_at"), 0.0)), driver=item.get("driver") is True,
+                 dropped_at=when(item.get("dropped_at")), driver=item.get("driver") is True,
                  memory=int(memory) if memory is not None else None, names=names,
                  name_seconds=times(item.get("name_seconds"), lambda n: n in names),
                  name_last=times(item.get("name_last"), lambda n: n in names),

@@ -412,8 +412,7 @@ class Pool:
                 _, module, _, taken = name.split()
                 self.profile.name_outcome(module, taken, st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
                                           st.get("detail", ""), paused_s=sb.paused_during(s, st))
-        self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
-                              "saving the import profile")
+        self._save_profile()
 
     async def _launch(self, name: str, kind: str) -> Standby | None:
         """Launch one standby; None when the pool keeps none of this kernelspec."""
@@ -542,8 +541,13 @@ class Pool:
     def opened(self, facts) -> None:
         """A notebook was opened: what it imports goes into the profile (kept across restarts)."""
         if self.profile is not None and self.profile.learn(facts):
-            self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.save),
-                                  "saving the import profile")
+            self._save_profile()
+
+    def _save_profile(self) -> None:
+        """Keep the profile (its snapshot taken here, on the event loop; written off it)."""
+        payload = self.profile.snapshot()
+        self.background.spawn(asyncio.get_running_loop().run_in_executor(None, self.profile.write, payload),
+                              "saving the import profile")
 
     async def _learn_from_root(self) -> None:
         """At start-up: the profile as last kept, and what the recently used notebooks import."""
@@ -556,7 +560,7 @@ class Pool:
             facts = await self.launcher.notebooks.facts(path)
             if facts.wants_gpu()[0]:
                 self.profile.learn(facts, when=mtime)
-        await loop.run_in_executor(None, self.profile.save)
+        await loop.run_in_executor(None, self.profile.write, self.profile.snapshot())
 
     # -- stopping --------------------------------------------------------------------------------------
     async def _stop(self, s: Standby) -> None:

@@ -29,7 +29,8 @@ class StandbyMemory:
     def __init__(self, cfg, profile: ImportProfile | None):
         self.cfg, self.profile = cfg, profile
         self.seen = IMPORT_STANDBY_GUESS  # what the next imports standby is counted at
-        self._looks: dict[int, tuple[int, frozenset[str]]] = {}  # id(standby) -> (rss, its imports done)
+        # id(standby) -> (rss, its imports done, the modules whose memory it measured)
+        self._looks: dict[int, tuple[int, frozenset[str], frozenset[str]]] = {}
         self.trimmed: dict[tuple[str, str], int] = {}  # (kernelspec, module) left out to fit -> what it adds
 
     def of(self, standbys) -> dict:
@@ -56,17 +57,22 @@ class StandbyMemory:
         done = frozenset(s.imports) | frozenset(s.resolved)
         last = self._looks.get(id(s))
         if last is None or self.profile is None:
-            self._looks[id(s)] = (own, done)
+            self._looks[id(s)] = (own, done, frozenset())
             return
-        new, grew = done - last[1], own - last[0]
+        new, grew, measured = done - last[1], own - last[0], set(last[2])
         if not new:  # what grew meanwhile belongs to the import under way: counted once it ends
             return
-        self._looks[id(s)] = (own, done)
         for item in sorted(new, key=lambda i: ":" in i) if grew > 0 else ():  # a module before its names
             module, _, name = item.partition(":")
             entry = self.profile.entries.get(module)
-            if entry is not None:
-                entry.memory = (entry.memory or 0) * bool(name) + grew // len(new)
+            if entry is None:
+                continue
+            if not name:
+                entry.memory = grew // len(new)
+                measured.add(module)
+            elif module in measured:  # (not onto what an earlier standby measured)
+                entry.memory = (entry.memory or 0) + grew // len(new)
+        self._looks[id(s)] = (own, done, frozenset(measured))
 
     def ready(self, s) -> None:
         """A standby is ready: an imports one is what the next is counted at."""

@@ -235,15 +235,14 @@ class SuspendManager:
             raise Refused(409, "it holds no GPU memory: there is nothing to suspend")
         self._check_host(local, total)
         token = uuid.uuid4().hex
-        pid, released, asked = await self._consent(kernel, token, pids)
-        if released or asked > 1:  # its cache went back, or a warm-up step ended meanwhile: read again
-            try:
-                inv = await self.read_inventory()
-                before = held_by(inv, pids) or before
-                self._check_host(local, sum(before.values()))
-            except BaseException:
-                await self._tell(kernel, {"token": token, "ok": False})  # it consented: not suspending after all
-                raise
+        pid, released = await self._consent(kernel, token, pids)
+        try:  # read again: its cache went back on consent, a warm-up step it waited for may have added
+            inv = await self.read_inventory()
+            before = held_by(inv, pids) or before
+            self._check_host(local, sum(before.values()))
+        except BaseException:
+            await self._tell(kernel, {"token": token, "ok": False})  # it consented: not suspending after all
+            raise
         rss_before = host_memory.rss(pid)
         t0 = time.perf_counter()
         outcome = await self.checkpointer.suspend(pid, int(self.cfg.suspend_lock_timeout * 1000), token)
@@ -289,20 +288,18 @@ class SuspendManager:
                                "(c.GpuctxServer.suspend_host_reserve_gib): free host memory, or suspend a notebook "
                                "that holds less")
 
-    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int, int]:
-        """The kernel's consent: its pid, the bytes of allocator cache it gave back first, and how
-        many times it was asked."""
-        timeout, until, asked = self.cfg.kernel_query_timeout, time.monotonic() + WARMUP_WAIT_S, 0
+    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int]:
+        """The kernel's consent: its pid, and the bytes of allocator cache it gave back first."""
+        timeout, until = self.cfg.kernel_query_timeout + CONSENT_SLACK_S, time.monotonic() + WARMUP_WAIT_S
         try:
             while True:  # a warm-up's step or import under way ends within seconds: the suspend waits
-                asked += 1
                 reply = await kernel_client.request(kernel, "control", contract.SUSPEND_PREPARE_REQUEST,
-                                                    {"token": token}, timeout + CONSENT_SLACK_S)
+                                                    {"token": token}, timeout)
                 if not (reply.get("content") or {}).get("retry") or time.monotonic() > until:
                     break
                 await asyncio.sleep(0.5)
-        except kernel_client.NoReply:
-            await self._tell(kernel, {"token": token, "ok": False})  # a late consent must not leave it suspending
+        except kernel_client.NoReply:  # a late consent must not leave it suspending (sent, not waited for)
+            await self._tell(kernel, {"token": token, "ok": False}, timeout=0.2, quiet=True)
             raise Refused(409, f"the kernel did not answer within {timeout:g} s (is gpuctx loaded in it? "
                                "%load_ext gpuctx): without gpuctx it could not resume itself before its next "
                                "cell") from None
@@ -319,13 +316,15 @@ class SuspendManager:
             raise Refused(409, f"the kernel reports pid {pid}, which is not among this kernel's processes "
                                f"({', '.join(map(str, sorted(pids)))}): not suspended")
         released = content.get("released_cache")
-        return pid, released if isinstance(released, int) and released > 0 else 0, asked
+        return pid, released if isinstance(released, int) and released > 0 else 0
 
-    async def _tell(self, kernel, content: dict) -> None:
+    async def _tell(self, kernel, content: dict, timeout: float | None = None, quiet: bool = False) -> None:
         try:
             await kernel_client.request(kernel, "control", contract.SUSPEND_DONE_REQUEST, content,
-                                        self.cfg.kernel_query_timeout)
+                                        timeout or self.cfg.kernel_query_timeout)
         except Exception as exc:  # noqa: BLE001 — the kernel copes without (it resumes from what it finds)
+            if quiet:
+                return
             self.log.warning("gpuctx: could not tell the kernel how its suspend ended: %s: %s", type(exc).__name__, exc)
 
     async def _failed(self, pid: int, outcome: Outcome) -> Refused:

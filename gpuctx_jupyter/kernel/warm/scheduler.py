@@ -79,7 +79,7 @@ class Warmer:
         self._import_deadline = self._gate_base = 0.0  # (and the imports' held time then: _deadline)
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
-        self._flights: set[threading.Event] = set()  # every import thread still running (also one left behind)
+        self._flights: dict[threading.Event, float] = {}  # every import thread still running: when it began
         self._ordinals: list[int] | None = None  # the devices this warm-up works on
         self._next: tuple | None = None  # (make_plan(previous), source): the plan to carry out next
         self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
@@ -175,7 +175,8 @@ class Warmer:
     def stop(self, why: str = "gpuctx was unloaded (%unload_ext)", for_good: bool = True, wait: float = 0.0) -> bool:
         """No further step (the one under way ends on its own) nor plan: for good when gpuctx is
         unloaded. Before a suspend the step under way and its imports get `wait` s to end; if they
-        do not, the warm-up goes on as if not asked. Whether nothing of it runs now."""
+        do not, the warm-up goes on as if not asked. Whether nothing of it runs now (an import left
+        running past the import budget is not counted: it hangs, and would refuse every suspend)."""
         if for_good:
             self.cancel_scheduled()
         with self._cond:
@@ -184,7 +185,8 @@ class Warmer:
         end, thread = time.monotonic() + wait, self._thread
         if thread is not None:
             thread.join(wait)
-        flights = [d for d in (self._importing, *self._background, *list(self._flights)) if d is not None]
+        now = time.monotonic()
+        flights = [d for d, began in list(self._flights.items()) if now - began < self.import_budget]
         for done in flights:
             done.wait(max(0.0, end - time.monotonic()))
         quiet = not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
@@ -533,7 +535,6 @@ class Warmer:
         done, box = threading.Event(), {}
 
         def work():
-            self._flights.add(done)
             try:
                 with GATE.holding():  # (it stands still while a cell runs)
                     preload.libraries(step.module)  # the loader's share of the import, without the GIL
@@ -544,12 +545,12 @@ class Warmer:
             except BaseException as exc:  # noqa: BLE001 — recorded, never raised
                 box["exc"] = exc
             finally:
-                self._flights.discard(done)
+                self._flights.pop(done, None)
                 done.set()
 
         def run():
             with self._cond:
-                self._importing = done
+                self._importing, self._flights[done] = done, time.monotonic()
             threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
             while not done.wait(0.1):
                 if self._for_good:  # (a suspend waits for the import: stop())
@@ -566,6 +567,7 @@ class Warmer:
         if not wait:
             self._turn(step, heavy=True)
             self._background.append(done)
+            self._flights[done] = time.monotonic()
 
             def background():
                 work()
