@@ -83,17 +83,18 @@ class Entry:
     def take(self, names, when: float) -> None:
         """A notebook takes `names` from this module (see the module's docstring)."""
         for name in names:
-            if not name.isidentifier() or when - self.names_dropped.get(name, -DROP_EXPIRES_S) < DROP_EXPIRES_S:
+            dropped = self.names_dropped.get(name)
+            if not name.isidentifier() or (dropped is not None and when - dropped < DROP_EXPIRES_S):
                 continue
-            if name not in self.names:
+            if name not in self.names and len(self.names) >= MAX_NAMES:
                 stale = min((n for n in self.names if when - self.name_last.get(n, 0.0) > NAME_STALE_S),
                             key=lambda n: self.name_last.get(n, 0.0), default=None)
-                if len(self.names) >= MAX_NAMES and stale is None:
+                if stale is None:
                     continue  # (the adopted kernel's warm-up resolves it after the hand-over)
-                if len(self.names) >= MAX_NAMES:
-                    self.names.remove(stale)
-                    self.name_seconds.pop(stale, None)
-                    self.name_last.pop(stale, None)
+                self.names.remove(stale)
+                self.name_seconds.pop(stale, None)
+                self.name_last.pop(stale, None)
+            if name not in self.names:
                 self.names.append(name)
             self.name_last[name] = max(self.name_last.get(name, 0.0), when)
 
