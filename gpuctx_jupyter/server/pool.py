@@ -404,14 +404,15 @@ class Pool:
         if s.kind != "imports" or self.profile is None:
             return
         for st in (report.get("plan") or {}).get("steps") or []:
-            name = str(st.get("name", ""))
-            if st.get("kind") == "import" and name.startswith("import "):
-                self.profile.outcome(name.split()[1], st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
-                                     st.get("detail", ""), kernel_name=s.kernel_name, paused_s=sb.paused_during(s, st))
-            elif st.get("kind") == "import" and name.startswith("from ") and len(name.split()) == 4:
-                _, module, _, taken = name.split()
-                self.profile.name_outcome(module, taken, st.get("state", ""), st.get("seconds"), st.get("cuda", ""),
-                                          st.get("detail", ""), paused_s=sb.paused_during(s, st))
+            taken = sb.named_import(st) if st.get("kind") == "import" else None
+            if taken is None:
+                continue
+            module, names = taken
+            said = (st.get("state", ""), st.get("seconds"), st.get("cuda", ""), st.get("detail", ""))
+            if not names:
+                self.profile.outcome(module, *said, kernel_name=s.kernel_name, paused_s=sb.paused_during(s, st))
+            for name in names:
+                self.profile.name_outcome(module, name, *said, paused_s=sb.paused_during(s, st))
         self._save_profile()
 
     async def _launch(self, name: str, kind: str) -> Standby | None:

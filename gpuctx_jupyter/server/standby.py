@@ -199,7 +199,8 @@ def shadowed(s: Standby, cwd: str) -> str | None:
 def needed(facts: Facts) -> set[str]:
     """The notebook's top-level imports of modules beyond the standard library, and what its first
     torch.compile imports (as the import profile learns it)."""
-    return {e.module for e in facts.imports() if e.beyond_stdlib} | ({INDUCTOR_MODULE} if "torch_compile" in facts.signals else set())
+    compiles = {INDUCTOR_MODULE} if "torch_compile" in facts.signals else set()
+    return {e.module for e in facts.imports() if e.beyond_stdlib} | compiles
 
 
 def paused_during(s: Standby, step: dict) -> float:
@@ -275,25 +276,30 @@ def learn_report(s: Standby, report: dict) -> None:
     s.driver = s.driver or any(st.get("cuda") for st in steps)
 
 
-def imported_module(step: dict) -> str | None:
-    """The module a plan step (as the kernel reports it) imported, when it did."""
+def named_import(step: dict) -> tuple[str, list[str]] | None:
+    """What a plan step (as the kernel reports it) imports, read from its name: "import m" is
+    (m, []), "from m import a, b" is (m, [a, b]); None for a step that imports nothing."""
     name = str(step.get("name", ""))
+    if name.startswith("import "):
+        return name.split()[1], []
+    if name.startswith("from ") and " import " in name:
+        module, names = name[5:].split(" import ", 1)
+        return module.strip(), [n.strip() for n in names.split(",") if n.strip()]
+    return None
+
+
+def imported_module(step: dict) -> str | None:
+    """The module a plan step imported, when it did."""
     if step.get("state") != "done" or step.get("kind") not in ("import", "framework", "cpu"):
         return None
-    if name.startswith("import "):
-        return name.split()[1]
-    if name.startswith("from "):
-        return name.split()[1]
-    return None
+    taken = named_import(step)
+    return taken[0] if taken else None
 
 
 def resolved_names(step: dict) -> list[str]:
     """The names a done `from module import a, b` step resolved, as "module:a", "module:b"."""
-    name = str(step.get("name", ""))
-    if imported_module(step) is None or not name.startswith("from ") or " import " not in name:
-        return []
-    module, names = name[5:].split(" import ", 1)
-    return [f"{module.strip()}:{n.strip()}" for n in names.split(",") if n.strip()]
+    taken = named_import(step) if imported_module(step) else None
+    return [f"{taken[0]}:{n}" for n in taken[1]] if taken else []
 
 
 async def hand_over(s: Standby, cwd: str, env: dict, connection_file: str) -> None:
