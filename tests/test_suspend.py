@@ -283,20 +283,44 @@ def slow_site(tmp_path, seconds: float) -> str:
             "w = get_ipython()._gpuctx.warmer\n")
 
 
-def test_a_warm_up_waiting_for_its_turn_is_given_up_for_a_suspend_and_a_later_plan_still_starts(kernel, tmp_path):
-    """Suspending a kernel whose warm-up waits for its turn is not refused: the warm-up stops
-    there (`%gpu status` says why), the kernel consents, and once resumed it still warms what is
-    typed next (a later plan starts)."""
-    kc, pid, _ = kernel
+def warm_up_waiting_for_its_turn(kc, tmp_path) -> None:
     started = run(kc, slow_site(tmp_path, 0) + "scheduler.HEAVY_IDLE_S = 600  # its import waits for 10 min of idleness\n"
                   "print(w.start_plan(lambda: plans.imports_only(['gpuctx_slow_mod'])))")
     assert started.stdout.split() == ["True"], started.text
-    wait_for(lambda: [(st["name"], st["state"]) for st in (control(kc, contract.REQUEST)["content"].get("plan") or {})
-                      .get("steps", [])] == [("import gpuctx_slow_mod", "planned")], timeout=60)  # its plan read
+    wait_for(lambda: plan_steps(kc) == [("import gpuctx_slow_mod", "planned")], timeout=60)  # its plan read
+
+
+def plan_steps(kc) -> list[tuple[str, str]]:
+    return [(st["name"], st["state"]) for st in (control(kc, contract.REQUEST)["content"].get("plan") or {})
+            .get("steps", [])]
+
+
+def test_a_warm_up_waiting_for_its_turn_is_given_up_for_a_suspend_and_goes_on_once_resumed(kernel, tmp_path):
+    """Suspending a kernel whose warm-up waits for its turn is not refused: the warm-up stops
+    there (`%gpu status` says why while suspended), the kernel consents, and once resumed the
+    warm-up goes on with what it had left (the next cells may need it)."""
+    kc, pid, _ = kernel
+    warm_up_waiting_for_its_turn(kc, tmp_path)
     suspend_kernel(kc, pid)
-    after = run(kc, "scheduler.HEAVY_IDLE_S = 1.0\n"
-                "print(w.status.state, '|', w.status.detail, '|', w.start_plan(lambda: plans.imports_only([])))")
-    assert after.stdout.splitlines()[-1] == "off | stopped: a suspend was asked for | True", after.text
+    assert plan_steps(kc) == [("import gpuctx_slow_mod", "skipped")]
+    status = control(kc, contract.REQUEST)["content"]["warmup"]
+    assert (status["state"], status["detail"]) == ("off", "stopped: a suspend was asked for")
+    run(kc, "scheduler.HEAVY_IDLE_S = 0.0")  # (resumes the kernel first)
+    wait_for(lambda: plan_steps(kc) == [("import gpuctx_slow_mod", "done")], timeout=60)
+    assert "gpuctx_slow_mod" in run(kc, "print(sorted(m for m in sys.modules if m.startswith('gpuctx_slow')))").stdout
+
+
+def test_a_warm_up_given_up_for_a_suspend_that_then_fails_goes_on(kernel, tmp_path):
+    """The kernel consented (its warm-up given up) but the suspend failed, as when the helper finds
+    no room in host memory: the kernel runs as before, and so does its warm-up."""
+    kc, _pid, _ = kernel
+    warm_up_waiting_for_its_turn(kc, tmp_path)
+    assert control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"})["content"]["status"] == "ok"
+    assert plan_steps(kc) == [("import gpuctx_slow_mod", "skipped")]
+    assert control(kc, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["content"]["state"] == "running"
+    wait_for(lambda: plan_steps(kc) == [("import gpuctx_slow_mod", "planned")], timeout=30)  # its turn awaited again
+    run(kc, "scheduler.HEAVY_IDLE_S = 0.0")
+    wait_for(lambda: plan_steps(kc) == [("import gpuctx_slow_mod", "done")], timeout=60)
 
 
 def test_a_suspend_that_comes_while_the_warm_up_imports_waits_for_it_and_leaves_it_be(kernel, tmp_path):

@@ -8,8 +8,8 @@ crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So 
 - consents first (contract.SUSPEND_PREPARE_REQUEST, on the control channel, answered by
   kernel_view with `Gate.prepare`), or refuses: while a request that may run the user's code is in
   flight in any shell thread (the main shell's, or one of ipykernel 7's subshells': each thread
-  counts on its own), while the warm-up runs, while
-  it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
+  counts on its own), while a warm-up step or import is under way (a warm-up waiting for its turn
+  is given up, and goes on once the kernel runs again), while it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
   uses GPU memory another process shared with it (CUDA IPC: the driver could not restore such a
   process); consenting, it gives its allocators' cache back to the GPU, so that only what it
   holds moves;
@@ -67,6 +67,7 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
 # is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
 RESTORE_TIMEOUT_S = 300.0
 WARMUP_STOP_S = 1.0  # a suspend waits this long for a warm-up step under way (the server, 2 s in all)
+STOPPING = "a suspend was asked for"  # why the warm-up's steps given up for a consent were skipped
 WARMING = ("its warm-up is in the middle of a step or an import: try again once that has ended (`%gpu status` "
            "shows the warm-up)")
 log = logging.getLogger("gpuctx")
@@ -138,9 +139,12 @@ class Gate:
     def prepare(self, token: str) -> dict:
         self._preparing = True
         try:
-            return self._prepare(token)
+            result = self._prepare(token)
         finally:
             self._preparing = False
+        if result["status"] != "ok":
+            self._warm_on()  # (a warm-up given up for a consent then refused)
+        return result
 
     def _prepare(self, token: str) -> dict:
         why = ("no token given" if not token else "it is running a cell: suspend it once it is idle" if self.busy
@@ -178,7 +182,7 @@ class Gate:
                     "tensors): the driver could not restore it")
         # Last: a warm-up waiting for its turn is given up (what it did is in the checkpoint); one
         # with a step or an import under way past WARMUP_STOP_S goes on, and the suspend waits.
-        if not self.kernel_state.warmer.stop("a suspend was asked for", for_good=False, wait=WARMUP_STOP_S):
+        if not self.kernel_state.warmer.stop(STOPPING, for_good=False, wait=WARMUP_STOP_S):
             return WARMING
         return None
 
@@ -197,6 +201,7 @@ class Gate:
             state = self.state
         if state == RUNNING:
             self.close()  # not suspended after all: its waiting helper has nothing to do
+            self._warm_on()
         return {"status": "ok", "state": state}
 
     def answer(self) -> dict | None:
@@ -285,10 +290,29 @@ class Gate:
             self._cond.notify_all()
         if not outcome.get("ok"):
             log.warning("gpuctx: could not resume this kernel (asked by %s): %s", by, self.error)
+            if self.state == RUNNING:
+                self._warm_on()
             return {"status": "error", "message": self.error, "error_name": outcome.get("error_name"),
                     "state": self.state}
+        self._warm_on()
         return {"status": "ok", "resumed": "restore" in steps, "state": RUNNING, "seconds": round(seconds, 4),
                 "steps": steps, "moved": moved}
+
+    def _warm_on(self) -> None:
+        """Running again (the suspend did not happen, or the kernel resumed): the warm-up goes on
+        with the steps its consent gave up, which the next cells may still need."""
+        warmer = self.kernel_state.warmer
+        plan = warmer.plan
+        if warmer.running or plan is None or not any(_given_up(s) for s in plan.steps):
+            return
+
+        def again(previous):
+            for step in previous.steps:
+                if _given_up(step):
+                    step.state, step.detail = "planned", ""
+            return previous
+
+        warmer.replan(again, warmer.status.source)
 
     # -- the helper that restores ---------------------------------------------------------------------
     def _start_waiting_helper(self) -> None:
@@ -398,6 +422,10 @@ class Gate:
             with self._cond:
                 self._reads -= 1
                 self._cond.notify_all()
+
+
+def _given_up(step) -> bool:
+    return step.state == "skipped" and step.detail == STOPPING
 
 
 def _too_long() -> str:
