@@ -135,7 +135,6 @@ def test_kernels_behind_a_gateway_are_warmed_on_start_and_restart(server_factory
 
 
 def test_device_assignment_policies():
-    import itertools
     from dataclasses import replace
 
     from gpuctx_jupyter.core.devices import VisibleDevice
@@ -145,13 +144,39 @@ def test_device_assignment_policies():
 
     devs = [VisibleDevice(0, h200(0, used_gib=50)), VisibleDevice(1, h200(1, used_gib=5)),
             VisibleDevice(2, h200(2, used_gib=5))]
-    assert pick_device(devs, "least-used", itertools.count()) == 1  # most free; the lower ordinal on a tie
-    turns = itertools.count()
-    assert [pick_device(devs, "round-robin", turns) for _ in range(4)] == [0, 1, 2, 0]
+    assert pick_device(devs, "least-used", 0) == 1  # most free; the lower ordinal on a tie
+    assert [pick_device(devs, "round-robin", turn) for turn in range(4)] == [0, 1, 2, 0]
     lost = [devs[0], VisibleDevice(1, replace(devs[1].record, error="GPU is lost")), devs[2]]
-    assert pick_device(lost, "least-used", itertools.count()) == 2
-    assert pick_device([], "least-used", itertools.count()) is None
-    assert pick_device(devs, "off", itertools.count()) is None
+    assert pick_device(lost, "least-used", 0) == 2
+    assert pick_device([], "least-used", 0) is None
+    assert pick_device(devs, "off", 0) is None
+
+
+def test_round_robin_turns_go_to_notebooks_not_to_the_pools_standbys(monkeypatch, nvml_records):
+    """Every notebook opened is followed by a refill of the warm pool: a standby's launch taking
+    a turn put every notebook on cuda:0 of two GPUs."""
+    import asyncio
+    import logging
+
+    from gpuctx_jupyter.server.config import GpuctxServer
+    from gpuctx_jupyter.server.launch import Launcher
+    from gpuctx_jupyter.server.notebooks import Notebooks
+    from gpuctx_jupyter.server.tasks import Background
+
+    from .harness.gpus import h200
+
+    nvml_records([h200(0), h200(1)])
+    log = logging.getLogger("test")
+    launcher = Launcher(GpuctxServer(assign_devices="round-robin"), log, None, Notebooks(), Background(log))
+
+    async def opens():
+        got = []
+        for n in range(4):
+            got.append(await launcher._device(f"kernel-{n}"))
+            await launcher._device(None)  # the refill after it
+        return got + [await launcher._device("kernel-1")]  # a restart keeps its device
+
+    assert asyncio.run(opens()) == ["0", "1", "0", "1", "1"]
 
 
 def test_a_framework_that_is_not_installed_is_skipped_not_failed(server_factory):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 import os
 import shutil
 import subprocess
@@ -98,7 +97,7 @@ class Launcher:
         self.launched: dict[str, Launched] = {}  # kernel id -> what its last launch got
         self.started: set[str] = set()  # kernel ids launched once at least (a next launch is a restart)
         self._devices: dict[str, str] = {}  # kernel id -> its assigned device (kept across restarts)
-        self._rr = itertools.count()
+        self._turn = 0  # round-robin: the next kernel's turn
         self._probes: dict[tuple[str, str], asyncio.Future] = {}  # (kernelspec, python) -> gpuctx there?
         self._spec_missing: dict[str, str] = {}  # kernelspec -> the sentence, once probed
         self._frameworks: dict[str, bool] = {}  # kernelspec -> a GPU framework is installed there
@@ -168,10 +167,11 @@ class Launcher:
         if kernel_id is not None and kernel_id in self._devices:
             return self._devices[kernel_id]
         inv = await asyncio.get_running_loop().run_in_executor(None, inventory.take)
-        ordinal = pick_device(inv.devices, self.cfg.assign_devices, self._rr)
+        ordinal = pick_device(inv.devices, self.cfg.assign_devices, self._turn)
         if ordinal is None:
             return None
-        if kernel_id is not None:
+        if kernel_id is not None:  # (a standby of the pool takes no turn: the notebook it goes to does)
+            self._turn += 1
             self._devices[kernel_id] = str(ordinal)
         return str(ordinal)
 
@@ -302,12 +302,12 @@ def _probe(python: str, check: str = HAS_GPUCTX) -> bool | None:
     return {0: True, 1: False}.get(code)
 
 
-def pick_device(devices, mode: str, turns) -> int | None:
+def pick_device(devices, mode: str, turn: int) -> int | None:
     """The CUDA ordinal a new kernel gets: 'least-used' (most free memory, lowest ordinal on a
-    tie) or 'round-robin' (the next healthy GPU in turn); None without a healthy GPU."""
+    tie) or 'round-robin' (the healthy GPU of this `turn`); None without a healthy GPU."""
     healthy = [d for d in devices if not d.record.error]
     if not healthy or mode == "off":
         return None
     if mode == "round-robin":
-        return healthy[next(turns) % len(healthy)].ordinal
+        return healthy[turn % len(healthy)].ordinal
     return most_free(healthy).ordinal
