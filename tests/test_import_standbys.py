@@ -248,6 +248,37 @@ def test_a_module_missing_in_one_kernelspec_stays_for_the_others_and_drops_lapse
     assert kept.modules() == [] and kept.entries["old_mod"].dropped_at > week_ago
 
 
+def test_profile_writes_that_overlap_leave_the_newest_whole_and_a_failed_one_says_so(tmp_path, caplog):
+    """Each notebook opened saves the profile from one of the server's executor threads: writes
+    that overlap must neither garble the file (it was one temporary name for all) nor let an
+    older snapshot replace a newer one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpuctx_jupyter.server import import_profile
+
+    profile = learnt_profile(*[f"mod_{i}" for i in range(300)])
+    profile.path = str(tmp_path / "gpuctx" / "import-profile.json")
+    snapshots = []
+    for i in range(40):
+        profile.entries["mod_0"].seen = i
+        snapshots.append(profile.snapshot())
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(profile.write, reversed(snapshots)))  # the newest first: the others come too late
+    kept = import_profile.ImportProfile(profile.path, profile.log, torch_installed=False)
+    kept.load()
+    assert len(kept.entries) == 300 and kept.entries["mod_0"].seen == 39
+    assert os.listdir(tmp_path / "gpuctx") == ["import-profile.json"]  # no temporary file left behind
+
+    (tmp_path / "a-file").write_text("")
+    profile.path = str(tmp_path / "a-file" / "import-profile.json")  # (no folder can be made there, even by root)
+    with caplog.at_level("WARNING", logger="test"):
+        profile.write(profile.snapshot())
+        profile.write(profile.snapshot())
+    said = [r.getMessage() for r in caplog.records if "import profile" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("gpuctx pool: cannot keep the import profile in "), said
+    assert "no longer imported ahead" not in caplog.text
+
+
 def test_a_profile_file_kept_under_older_rules_forgets_the_drops_todays_rules_do_not_make(tmp_path):
     """The profile file of a5ba1fa dropped a module for good when a standby's import budget ran out
     (paused or not) and when one environment lacked it; a later load (which gave drops a date)

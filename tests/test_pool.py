@@ -151,9 +151,10 @@ class Spawns:
         self.names.append(name)
 
 
-def pool_alone(monkeypatch, gpu_free: float = 0.5, host_available: int = 8 * GIB):
-    """A Pool in auto mode with an imports profile, a real Reserve and a GPU that has `gpu_free` of
-    its memory free, on a host with `host_available` bytes available, and no server."""
+def pool_alone(monkeypatch, gpu_free: float = 0.5, host_available: int = 8 * GIB, pool_size: int | None = None):
+    """A Pool in auto mode (or of `pool_size` GPU-warm standbys) with an imports profile, a real
+    Reserve and a GPU that has `gpu_free` of its memory free, on a host with `host_available` bytes
+    available, and no server."""
     import logging
     from types import SimpleNamespace
 
@@ -165,7 +166,7 @@ def pool_alone(monkeypatch, gpu_free: float = 0.5, host_available: int = 8 * GIB
 
     monkeypatch.setattr(host_memory, "available",
                         lambda *a, **k: host_memory.HostMemory(host_available, 2 * host_available, "machine"))
-    cfg = GpuctxServer(pool_size=None, import_standbys=True, warm_policy="auto")
+    cfg = GpuctxServer(pool_size=pool_size, import_standbys=True, warm_policy="auto")
     mkm = SimpleNamespace(default_kernel_name="python3", list_kernel_ids=lambda: [])
     launcher = SimpleNamespace(launched={})
     total = 140 * GIB
@@ -176,7 +177,7 @@ def pool_alone(monkeypatch, gpu_free: float = 0.5, host_available: int = 8 * GIB
     return Pool(mkm, cfg, launcher, Reserve(mkm, cfg, launcher, holders), log, Spawns(), profile)
 
 
-def booting_standby(pool, rss: int, profile: tuple[str, ...] = ()) -> Standby:
+def booting_standby(pool, rss: int, profile: tuple[str, ...] = (), kind: str = "imports") -> Standby:
     """A starting imports standby (no process of its own: this one's PID, a kernel manager that
     only pretends) that holds `rss` bytes."""
     from types import SimpleNamespace
@@ -184,7 +185,7 @@ def booting_standby(pool, rss: int, profile: tuple[str, ...] = ()) -> Standby:
     process = SimpleNamespace(pid=os.getpid(), poll=lambda: None)
     km = SimpleNamespace(provisioner=SimpleNamespace(process=process), shutdown_kernel=lambda now=False: None,
                          cleanup_connection_file=lambda: None)
-    s = Standby(km, "python3", {}, time.monotonic(), kind="imports", profile=profile or tuple(pool.profile.modules()))
+    s = Standby(km, "python3", {}, time.monotonic(), kind=kind, profile=profile or tuple(pool.profile.modules()))
     s._rss = (float("inf"), "booting", rss)  # read once, as if just now
     pool.standbys.append(s)
     pool._all.append(s)
@@ -219,7 +220,7 @@ def test_a_standby_that_outgrows_its_memory_share_while_starting_is_not_started_
     assert pool.standbys == [] and not pool._starting.get(("python3", "imports")), pool.background.names
     spec = pool.status()["kernelspecs"]["python3"]
     assert spec["failures"] == 1 and "reached 3.00 GiB, more than the standbys' share" in spec["error"]
-    pool.health["python3"].retry_at = 0.0  # the backoff is over
+    pool.health[("python3", "imports")].retry_at = 0.0  # the backoff is over
     asyncio.run(ticks(1))
     assert not pool._starting.get(("python3", "imports")) and pool.background.names == []
 
@@ -239,7 +240,7 @@ def test_a_standby_that_outgrows_its_memory_share_leaves_its_heaviest_imports_ou
     booting_standby(pool, 3 * GIB)
     with caplog.at_level(logging.INFO, logger="test.pool"):
         asyncio.run(pool._tick())
-        pool.health["python3"].retry_at = 0.0
+        pool.health[("python3", "imports")].retry_at = 0.0
         asyncio.run(pool._tick())
     assert pool._starting == {("python3", "imports"): 1}
     assert "big_mod" not in pool.profile.modules("python3") and "small_mod" in pool.profile.modules("python3")
@@ -253,7 +254,7 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
     module imported after it — and only where this standby measured transformers itself, not on
     top of what an earlier one measured."""
     from gpuctx_jupyter.contract.notebook import Event, Facts, Where
-    from gpuctx_jupyter.core import host_memory
+    from gpuctx_jupyter.core import host_memory, procs
     from gpuctx_jupyter.server.standby import learn_report
 
     pool = pool_alone(monkeypatch)
@@ -262,6 +263,7 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
     s = booting_standby(pool, GIB)
     rss = {"now": GIB}
     monkeypatch.setattr(host_memory, "rss", lambda pid: rss["now"])
+    monkeypatch.setattr(procs, "descendants", lambda pid: [])
     steps = []
 
     def after(step: str, grew_mib: int):
@@ -282,6 +284,30 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
     pool.mem.look(s)
     after("from transformers import Trainer", 600)
     assert pool.profile.entries["transformers"].memory // 2**20 == 800
+
+
+def test_the_processes_an_import_starts_count_in_its_memory(monkeypatch):
+    """Importing torch.compile's own module starts inductor's compile workers (tens of processes):
+    their memory is that import's, so that a standby over its share can leave it out — counted
+    for no module, the trim found nothing to leave out and no standby started again."""
+    from gpuctx_jupyter.contract import INDUCTOR_MODULE
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+    from gpuctx_jupyter.core import host_memory, procs
+    from gpuctx_jupyter.server.standby import learn_report
+
+    pool = pool_alone(monkeypatch)
+    pool.profile.learn(Facts(path="nb.ipynb", events=[Event("import", Where(1, 1), module="torch")],
+                             signals={"torch_compile": Where(2, 1)}))
+    s = booting_standby(pool, GIB)
+    workers: list[int] = []
+    monkeypatch.setattr(host_memory, "rss", lambda pid: GIB)
+    monkeypatch.setattr(procs, "descendants", lambda pid: list(workers))
+    monkeypatch.setattr(host_memory, "pss", lambda pid: 100 * 2**20)
+    pool.mem.look(s)
+    workers[:] = range(1000, 1032)  # 32 compile workers
+    learn_report(s, {"plan": {"steps": [{"kind": "import", "name": f"import {INDUCTOR_MODULE}", "state": "done"}]}})
+    pool.mem.look(s)
+    assert pool.profile.entries[INDUCTOR_MODULE].memory == 32 * 100 * 2**20
 
 
 def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(monkeypatch, caplog):
@@ -312,12 +338,132 @@ def test_an_import_left_out_to_fit_comes_back_once_the_host_has_memory_for_it(mo
     assert "big_mod" not in pool.profile.modules("python3")
     host(64 * GIB)  # budget ~13 GiB
     with caplog.at_level(logging.INFO, logger="test.pool"):
-        pool.health["python3"].retry_at = 0.0
+        pool.health[("python3", "imports")].retry_at = 0.0
         asyncio.run(pool._tick())
     assert "big_mod" in pool.profile.modules("python3") and pool.mem.seen == 3 * GIB  # counted back in, once
     assert "big_mod is imported ahead by python3 standbys again" in caplog.text
     assert pool.mem.regrow(pool.standbys) == []  # nothing left to take back
     assert pool._outdated(ready) and pool._starting == {("python3", "imports"): 1}  # its successor has big_mod
+
+
+def test_a_standby_the_pool_stops_while_a_launch_chooses_is_not_handed_to_it(monkeypatch):
+    """Choosing awaits reads (a local module shadowing the standby's imports); the pool's tick may
+    stop the standby meanwhile (its age, host memory): the launch then starts a fresh kernel — it
+    raised, and a restart was left with no kernel (review of issue 24)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.contract.notebook import Facts
+
+    pool = pool_alone(monkeypatch)
+    booting_standby(pool, GIB).state = "ready"
+
+    async def facts(path):
+        return Facts(path=path or "")
+
+    async def refusal(standby, env, facts, cwd):
+        await pool._stop(standby)  # meanwhile
+        return None
+
+    pool.launcher.notebooks = SimpleNamespace(facts=facts)
+    monkeypatch.setattr(pool, "_refusal", refusal)
+    assert asyncio.run(pool.take("python3", {}, "/", restart=False)) == (None, "")
+    assert pool.standbys == []
+
+
+def test_backoff_is_per_kind_and_only_a_ready_standby_clears_it(monkeypatch):
+    """A kernelspec's GPU-warm standbys failing does not hold its imports standby back, and a
+    standby that has been starting for a while is no proof that starts work: failures kept
+    counting (the backoff grows) until one is ready (review of issue 24)."""
+    import asyncio
+
+    pool = pool_alone(monkeypatch)
+    pool._failed("python3", "gpu", "it broke")
+    asyncio.run(pool._tick())
+    assert pool._starting == {("python3", "imports"): 1}
+    pool._starting.clear()
+    pool._failed("python3", "imports", "its process died")
+    slow = booting_standby(pool, GIB)
+    slow.started -= 600  # starting for ten minutes
+    pool._starting[("python3", "imports")] = 1  # (as the spawn that started it counts it)
+    asyncio.run(pool._tick())
+    assert pool.health[("python3", "imports")].failures == 1
+    assert pool.status()["kernelspecs"]["python3"]["failures"] == 1
+    slow.state = "ready"
+    asyncio.run(pool._tick())
+    assert pool.health[("python3", "imports")].failures == 0
+
+
+def test_a_fixed_pool_refills_every_standby_at_once(monkeypatch):
+    """pool_size=2: a standby still starting counted twice (in the list and among the starts),
+    so the second refill waited for the first to be ready (review of issue 24)."""
+    import asyncio
+
+    pool = pool_alone(monkeypatch, pool_size=2)
+    pool.cfg.pool_kernelspecs = ["python3"]
+    booting_standby(pool, 100 * 2**20, kind="gpu")
+    pool._starting[("python3", "gpu")] = 1
+    asyncio.run(pool._tick())
+    assert pool._starting[("python3", "gpu")] == 2
+
+
+def test_a_kernelspec_without_a_gpu_framework_is_not_tried_again_every_second(monkeypatch, caplog):
+    """Its GPU notebooks' kernels run on: each tick put it back on the list of kernelspecs that get
+    an imports standby, and each launch said once more that none is started (review of issue 24)."""
+    import asyncio
+    import logging
+    from types import SimpleNamespace
+
+    pool = pool_alone(monkeypatch)
+
+    async def nothing(*_a, **_k):
+        return None
+
+    async def no_framework(_name):
+        return False
+
+    pool.launcher = SimpleNamespace(launched={"k1": SimpleNamespace(kernel_name="bare")}, settings=nothing,
+                                    without_gpuctx=lambda _n: None, unlaunchable=nothing,
+                                    has_gpu_framework=no_framework)
+    pool.reserve.launcher = pool.launcher
+    monkeypatch.setattr(pool.reserve, "update", nothing)
+    pool.reserve.notebooks = {"bare": [SimpleNamespace(kernel_id="k1", path="nb.ipynb", device="")]}
+
+    async def ticks():
+        for _ in range(3):
+            await pool._tick()
+            for (name, kind), n in list(pool._starting.items()):
+                if name == "bare" and kind == "imports" and n:
+                    pool._starting[(name, kind)] = 0
+                    await pool._launch(name, kind)  # (what the spawn does first)
+
+    with caplog.at_level(logging.INFO, logger="test.pool"):
+        asyncio.run(ticks())
+    assert caplog.text.count("no imports standby for bare: no GPU framework is installed there") == 1
+
+
+def test_a_standby_paused_for_a_long_cell_is_not_taken_for_warmed_half_way(monkeypatch):
+    """A machine with few cores pauses a starting standby while a notebook's cell runs: a cell of
+    several minutes must not make it look warmed when only part of its imports are done (its
+    memory then taken for a whole standby's)."""
+    import asyncio
+
+    from gpuctx_jupyter.server import standby as sb
+
+    pool = pool_alone(monkeypatch)
+    s = booting_standby(pool, GIB)
+    s.started -= sb.WARM_TIMEOUT_S + 60
+    s.paused, s._paused_at = True, s.started + 30  # paused since 30 s after its start, still
+
+    async def waiting():
+        task = asyncio.ensure_future(sb.until_warmed(s, lambda: False))
+        await asyncio.sleep(1.0)
+        still = not task.done()
+        s.state = "taken"  # (ends the wait)
+        await task
+        return still
+
+    assert asyncio.run(waiting())
 
 
 def test_a_notebook_that_compiles_is_handed_the_standby_that_imported_inductor():

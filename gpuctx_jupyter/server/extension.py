@@ -42,8 +42,8 @@ from .launch import Launcher
 from .links import LinkReader
 from .lifecycle import Lifecycle
 from .notebooks import Notebooks
-from .import_profile import ImportProfile
-from .pool import Pool, profile_path
+from .import_profile import ImportProfile, profile_path
+from .pool import Pool
 from .reserve import Reserve
 from .tasks import Background
 from .typed_cells import TypedCells

@@ -35,17 +35,24 @@ instant. The profile holds:
   keeps only the drops today's make too (`DROP_REASON`): its drops for a spent budget ("did not
   finish in time") and for what one environment lacked are forgotten on load.
 
-Capped by count and by import time: `modules(kernel_name)` is the list a standby imports, in that
-order.
+Capped by count and by import time: `modules(kernel_name)` are the modules a standby imports, in
+that order, and `imports(kernel_name)` that list with the names taken from each. The file is
+written whole (a temporary file renamed over it), one snapshot at a time, never an older over a
+newer one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
+import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
+
+from jupyter_core.paths import jupyter_data_dir
 
 from ..contract import INDUCTOR_MODULE
 from ..contract.notebook import Facts
@@ -68,7 +75,7 @@ SKIP_DIRS = {"node_modules", "site-packages", "__pycache__", ".ipynb_checkpoints
 @dataclass
 class Entry:
     module: str
-    seen: int = 0  # notebooks that import it
+    seen: int = 0  # times a notebook importing it was opened, restarted or found at start-up
     last: float = 0.0  # when a notebook importing it was last opened or modified (epoch)
     seconds: float | None = None  # its import, as a standby last measured it
     dropped: str = ""  # why it is no longer imported ahead (a sentence)
@@ -99,6 +106,12 @@ class Entry:
             self.name_last[name] = max(self.name_last.get(name, 0.0), when)
 
 
+def profile_path(root_dir: str) -> str:
+    """Where the import profile of the server serving `root_dir` is kept across restarts."""
+    key = hashlib.sha1(os.path.abspath(root_dir).encode()).hexdigest()[:12]
+    return os.path.join(jupyter_data_dir(), "gpuctx", f"import-profile-{key}.json")
+
+
 class ImportProfile:
     def __init__(self, path: str | None, log, torch_installed: bool, max_modules: int = MAX_MODULES,
                  budget_s: float = IMPORT_BUDGET_S):
@@ -108,6 +121,8 @@ class ImportProfile:
         self.entries: dict[str, Entry] = {}
         self.left_out: dict[str, dict[str, tuple[str, float]]] = {}  # kernelspec -> module -> (why, when)
         self._logged: set[str] = set()
+        self._writing = threading.Lock()  # one write at a time, and never an older snapshot over a newer
+        self._snapshots = self._written = 0
 
     # -- learning --------------------------------------------------------------------------------
     def learn(self, facts: Facts, when: float | None = None) -> bool:
@@ -273,8 +288,14 @@ class ImportProfile:
 
     # -- kept across server restarts --------------------------------------------------------------
     def load(self) -> None:
+        self.merge(self.read())
+
+    def read(self) -> list[Entry]:
+        """The entries of the profile file (none when there is none, or it is not ours): file work
+        only, for a thread of its own — merge() then takes them in where the profile changes."""
         if not self.path:
-            return
+            return []
+        out = []
         try:
             with open(self.path) as fh:
                 raw = json.load(fh)
@@ -285,29 +306,45 @@ class ImportProfile:
                         entry.dropped, entry.dropped_at = "", 0.0  # under older rules, which no longer hold
                     elif entry.dropped and not entry.dropped_at:  # kept before drops lapsed: from now
                         entry.dropped_at = time.time()
-                    self.entries[entry.module] = entry
+                    out.append(entry)
         except (OSError, ValueError, TypeError, AttributeError, OverflowError):
-            pass  # none yet, or not ours: learnt again from the notebooks
+            return []  # learnt again from the notebooks
+        return out
 
-    def save(self) -> None:
-        self.write(self.snapshot())
+    def merge(self, entries: list[Entry]) -> None:
+        """Entries read from the file, under what was learnt since the server started."""
+        for entry in entries:
+            self.entries.setdefault(entry.module, entry)
 
     def snapshot(self) -> dict:
-        """What save() writes, taken where the profile changes (the server's event loop): write()
+        """What write() keeps, taken where the profile changes (the server's event loop): write()
         may then run in another thread while notebooks opened meanwhile change it."""
-        return {"version": 1, "entries": [asdict(e) for e in self.entries.values()]}
+        self._snapshots += 1
+        return {"version": 1, "snapshot": self._snapshots, "entries": [asdict(e) for e in self.entries.values()]}
 
     def write(self, payload: dict) -> None:
+        """Keep `payload` in the profile file (replaced whole: a reader never sees half a file),
+        unless a newer snapshot was written already (writes run in the executor's threads)."""
         if not self.path:
             return
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as fh:
-                json.dump(payload, fh)
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            self._drop_once("(the profile file)", f"cannot write {self.path}: {exc}")
+        with self._writing:
+            if payload.get("snapshot", 0) <= self._written:
+                return
+            tmp = None
+            try:
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".import-profile-", suffix=".tmp")
+                with os.fdopen(fd, "w") as fh:
+                    json.dump(payload, fh)
+                os.replace(tmp, self.path)
+                self._written = payload.get("snapshot", 0)
+            except OSError as exc:
+                if tmp is not None and os.path.exists(tmp):
+                    os.unlink(tmp)
+                if "(the profile file)" not in self._logged:
+                    self._logged.add("(the profile file)")
+                    self.log.warning("gpuctx pool: cannot keep the import profile in %s (learnt again from the "
+                                     "notebooks after a server restart): %s", self.path, exc)
 
     def as_dict(self) -> dict:
         modules = self.modules()

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import hashlib
 import logging
 import os
 import signal
@@ -40,7 +39,6 @@ import time
 import weakref
 from dataclasses import dataclass
 
-from jupyter_core.paths import jupyter_data_dir
 from jupyter_core.utils import ensure_async
 
 from ..contract import SESSION, STANDBY, STANDBY_RECIPE, WORKER_IMPORTS, WarmSettings, opted_out
@@ -55,7 +53,7 @@ from .tasks import Background
 
 EVICT_PAUSE_S = 300.0  # after a GPU ran short of memory, no gpu standby is started for this long
 RETRY_FIRST_S, RETRY_MAX_S = 2.0, 300.0  # backoff after a standby failed to start: 2, 4, 8 … 300 s
-HEALTHY_AFTER_S = 30.0  # a standby alive this long (or adopted) clears its kernelspec's failures
+HEALTHY_AFTER_S = 30.0  # a ready standby alive this long (or one adopted) clears its kind's failures
 
 # The log of the standbys' own kernel managers: what they would say (a failed launch's traceback,
 # each time it is retried) the pool says itself, in one line per change of state.
@@ -66,17 +64,11 @@ QUIET.addHandler(logging.NullHandler())
 
 @dataclass
 class SpecHealth:
-    """How starting standbys of one kernelspec goes: failures in a row, and when to try next."""
+    """How starting one kernelspec's standbys of one kind goes: failures in a row, when to try next."""
 
     failures: int = 0
     error: str | None = None  # the last failure, while failing
     retry_at: float = 0.0  # time.monotonic()
-
-
-def profile_path(root_dir: str) -> str:
-    """Where the import profile of the server serving `root_dir` is kept across restarts."""
-    key = hashlib.sha1(os.path.abspath(root_dir).encode()).hexdigest()[:12]
-    return os.path.join(jupyter_data_dir(), "gpuctx", f"import-profile-{key}.json")
 
 
 class Pool:
@@ -94,12 +86,13 @@ class Pool:
         self._closing = False
         self._tasks: list[asyncio.Task] = []
         self.refused: list[str] = []  # why the last refusals happened (for status and tests)
-        self.health: dict[str, SpecHealth] = {}
+        self.health: dict[tuple[str, str], SpecHealth] = {}  # (kernelspec, kind) -> its standbys' starts
         self.unsupported: dict[str, str] = {}  # kernelspec -> why the pool keeps no standby for it
         self._paused: dict[int, float] = {}  # GPU ordinal -> no gpu refill there before (monotonic)
         self._short: str | None = None  # why no gpu standby may start now (memory), while that lasts
         self._short_host: str | None = None  # why no standby at all may (the host's memory)
         self._import_specs: set[str] = {getattr(mkm, "default_kernel_name", "python3") or "python3"}
+        self._frameworkless: set[str] = set()  # kernelspecs without a GPU framework: no imports standby
         self.mem = StandbyMemory(cfg, profile)  # the standbys' share of host memory
         self.giving_way = GivingWay(mkm, cfg)
         self._taking = asyncio.Lock()
@@ -169,7 +162,7 @@ class Pool:
         now = time.monotonic()
         specs = {}
         for name in self.kernelspecs():
-            health = self.health.get(name, SpecHealth())
+            health = self._spec_health(name)
             ready = sum(1 for s in self.standbys if s.kernel_name == name and s.ready)
             starting = sum(n for (k, _), n in self._starting.items() if k == name)
             specs[name] = {"ready": ready, "starting": starting, "failures": health.failures, "error": health.error,
@@ -214,8 +207,13 @@ class Pool:
                 return why
         return None
 
+    def _spec_health(self, name: str) -> SpecHealth:
+        """How a kernelspec's standbys start, for its status: its failing kind's, if any."""
+        kinds = [h for (spec, _), h in self.health.items() if spec == name]
+        return max(kinds, key=lambda h: (h.error is not None, h.failures), default=SpecHealth())
+
     def _empty_reason(self, name: str, now: float) -> str:
-        health = self.health.get(name, SpecHealth())
+        health = self._spec_health(name)
         if self._closing:
             return "the server is shutting down"
         if self.auto and name not in self.reserve.notebooks and not (self.imports_on and name in self._import_specs):
@@ -263,7 +261,7 @@ class Pool:
             for notebooks in self.reserve.notebooks.values():  # a GPU notebook's kernelspec gets imports standbys
                 for nb in notebooks:
                     record = self.launcher.launched.get(nb.kernel_id)
-                    if record is not None:
+                    if record is not None and record.kernel_name not in self._frameworkless:
                         self._import_specs.add(record.kernel_name)
         self._short_host = self.reserve.short_host()
         self._short = self._short_host or self.reserve.short_gpu()
@@ -277,7 +275,7 @@ class Pool:
             stale = s.kind == "imports" and s.ready and self._replaced(s)
             if dead or old or unwanted or stale:
                 if dead:
-                    self._failed(s.kernel_name, f"a standby kernel died ({sb.exit_status(s.km)})")
+                    self._failed(s.kernel_name, s.kind, f"a standby kernel died ({sb.exit_status(s.km)})")
                 elif unwanted:
                     self.log.info("gpuctx pool: no GPU notebook of %s runs any more: stopping its standby (pid %s)",
                                   s.kernel_name, s.pid)
@@ -286,16 +284,16 @@ class Pool:
                 else:
                     self.log.info("gpuctx pool: recycling standby %s", s.pid)
                 await self._stop(s)
-            elif now - s.started > HEALTHY_AFTER_S:
-                self._healthy(s.kernel_name)
+            elif s.ready and now - s.started > HEALTHY_AFTER_S:
+                self._healthy(s.kernel_name, s.kind)
         await self._keep_the_floor()
         self.mem.regrow(self.standbys)  # an outdated ready standby is then replaced by one that has them
         gpu_paused = any(until > now for until in self._paused.values())
         for name, kind, target in self.wanted():
-            have = sum(1 for s in self.standbys if s.kernel_name == name and s.kind == kind
+            have = sum(1 for s in self.standbys if s.kernel_name == name and s.kind == kind and s.ready
                        and not (kind == "imports" and self._outdated(s)))
-            have += self._starting.get((name, kind), 0)
-            health = self.health.setdefault(name, SpecHealth())
+            have += self._starting.get((name, kind), 0)  # (those still starting: counted here)
+            health = self.health.setdefault((name, kind), SpecHealth())
             short = self._short_host if kind == "imports" else self._short  # imports: no GPU memory
             if (have < target and now >= health.retry_at and name not in self.unsupported and not short
                     and not (kind == "gpu" and gpu_paused) and self.mem.fits(self.standbys, kind)
@@ -329,7 +327,7 @@ class Pool:
             self.log.info("gpuctx pool: standbys hold %.1f GiB, more than their share of host memory (%.1f GiB): "
                           "stopping standby %s", m["standbys"] / 2**30, m["budget"] / 2**30, newest.pid)
             if newest.state == "booting":  # it outgrew the budget while starting: not again every tick
-                self._failed(newest.kernel_name, self.mem.outgrew(newest, m))
+                self._failed(newest.kernel_name, newest.kind, self.mem.outgrew(newest, m))
             await self._stop(newest)
             m = self.memory()
 
@@ -349,8 +347,8 @@ class Pool:
                           ordinal, len(gone), EVICT_PAUSE_S)
         return len(gone)
 
-    def _failed(self, name: str, error: str) -> None:
-        health = self.health.setdefault(name, SpecHealth())
+    def _failed(self, name: str, kind: str, error: str) -> None:
+        health = self.health.setdefault((name, kind), SpecHealth())
         health.failures += 1
         delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (health.failures - 1))
         health.retry_at = time.monotonic() + delay
@@ -360,14 +358,14 @@ class Pool:
                              name, error, delay, RETRY_MAX_S)
         health.error = error
 
-    def _recovered(self, name: str) -> None:
-        health = self.health.setdefault(name, SpecHealth())
+    def _recovered(self, name: str, kind: str) -> None:
+        health = self.health.setdefault((name, kind), SpecHealth())
         if health.error:
             self.log.info("gpuctx pool: standby %s kernels start again (after %d failures)", name, health.failures)
             health.error = None
 
-    def _healthy(self, name: str) -> None:
-        self.health[name] = SpecHealth()
+    def _healthy(self, name: str, kind: str) -> None:
+        self.health[(name, kind)] = SpecHealth()
 
     # -- one standby ---------------------------------------------------------------------------------
     async def _spawn(self, name: str, kind: str) -> None:
@@ -384,12 +382,12 @@ class Pool:
                     raise StandbyFailed("its imports created a CUDA context (dropped from the import profile)")
                 standby.state = "ready"
                 self.mem.ready(standby)
-                self._recovered(name)
+                self._recovered(name, kind)
                 self.log.info("gpuctx pool: standby %s kernel ready (pid %s, %s)", name, standby.pid,
                               f"{len(standby.imports)} imports" if kind == "imports" else "GPU-warm")
         except Exception as exc:  # StandbyFailed, or the kernel manager's own error
             if not self._closing and (standby is None or standby.state == "booting"):
-                self._failed(name, str(exc) if isinstance(exc, StandbyFailed) else f"{type(exc).__name__}: {exc}")
+                self._failed(name, kind, str(exc) if isinstance(exc, StandbyFailed) else f"{type(exc).__name__}: {exc}")
         finally:
             self._starting[(name, kind)] -= 1
             if standby is not None and standby.state == "booting":  # failed, or the server is closing
@@ -432,6 +430,7 @@ class Pool:
         if kind == "imports":
             if not await self.launcher.has_gpu_framework(name):
                 self._import_specs.discard(name)
+                self._frameworkless.add(name)
                 self.log.info("gpuctx pool: no imports standby for %s: no GPU framework is installed there", name)
                 return None
             profile = tuple(self.profile.imports(name))  # modules, and "module:name" for names taken from them
@@ -492,18 +491,24 @@ class Pool:
         if self.imports_on and not facts.error:
             self.opened(facts)
         wanted, notebook = sb.needed(facts), env.get(SESSION)
-        refusals, best, best_key = [], None, None
+
+        def open_(s: Standby) -> bool:  # (asked again after the reads: the pool may stop one meanwhile)
+            return s.kernel_name == kernel_name and s.state in ("booting", "ready") and s in self.standbys
+
+        def key(s: Standby) -> tuple:
+            same = s.kind == "gpu" and s.notebook is not None and s.notebook == notebook
+            return restart and same, s.ready, sb.covered(s, wanted), same, s.kind == "gpu" and restart
+
+        refusals, fit = [], []
         for s in list(self.standbys):
-            if s.kernel_name != kernel_name or s.state not in ("booting", "ready") or not s.alive():
+            if not (open_(s) and s.alive()):
                 continue
             why = await self._refusal(s, env, facts, cwd)
             if why:
                 refusals.append(why)
-                continue
-            same = s.kind == "gpu" and s.notebook is not None and s.notebook == notebook
-            key = (restart and same, s.ready, sb.covered(s, wanted), same, s.kind == "gpu" and restart)
-            if best_key is None or key > best_key:
-                best, best_key = s, key
+            else:
+                fit.append(s)
+        best = max((s for s in fit if open_(s)), key=key, default=None)
         if best is None:
             note = refusals[0] if refusals else ""
             if note:
@@ -536,7 +541,7 @@ class Pool:
             await self._stop(s)
             raise
         self._all = [x for x in self._all if x is not s]
-        self._healthy(s.kernel_name)  # adopted: the kernelspec works
+        self._healthy(s.kernel_name, s.kind)  # adopted: its kernelspec's standbys of its kind work
 
     # -- the import profile -----------------------------------------------------------------------
     def opened(self, facts) -> None:
@@ -553,7 +558,7 @@ class Pool:
     async def _learn_from_root(self) -> None:
         """At start-up: the profile as last kept, and what the recently used notebooks import."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self.profile.load)
+        self.profile.merge(await loop.run_in_executor(None, self.profile.read))  # (file work off the loop only)
         if not self.root_dir:
             return
         found = await loop.run_in_executor(None, recent_notebooks, self.root_dir)

@@ -92,7 +92,12 @@ class GpuctxProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd, **kwargs):
         at = self._attachment
-        standby, note = await self._take(at, kwargs) if at is not None else (None, "")
+        try:
+            standby, note = await self._take(at, kwargs) if at is not None else (None, "")
+        except Exception as exc:  # noqa: BLE001 — the pool's fault never fails a launch
+            at.log.warning("gpuctx pool: choosing a standby for kernel %s failed (%s: %s); starting a fresh "
+                           "process", self.parent.kernel_id, type(exc).__name__, exc)
+            standby, note = None, ""
         if note and isinstance(kwargs.get("env"), dict):
             kwargs["env"][POOL_NOTE] = note  # %gpu status says why this kernel started fresh
         if standby is not None:

@@ -108,10 +108,13 @@ class Standby:
             return None
         now = time.monotonic()
         if self._rss is None or now - self._rss[0] >= RSS_EVERY_S or self._rss[1] != self.state:
-            own = host_memory.rss(self.pid)
-            self._rss = (now, self.state, None if own is None else
-                         own + sum(host_memory.pss(p) or 0 for p in procs.descendants(self.pid)))
+            self._rss = (now, self.state, self.memory_now())
         return self._rss[2]
+
+    def memory_now(self) -> int | None:
+        """rss(), read now (a few ms with inductor's compile workers)."""
+        own = host_memory.rss(self.pid) if self.pid else None
+        return None if own is None else own + sum(host_memory.pss(p) or 0 for p in procs.descendants(self.pid))
 
     # -- pausing for a running cell ------------------------------------------------------------------
     def pause(self) -> None:
@@ -247,7 +250,7 @@ async def until_warmed(s: Standby, closing) -> dict:
     warming: its first cell then waits only for what is left."""
     report: dict = {}
     while not closing() and s.state == "booting":
-        if time.monotonic() - s.started - s.paused_s > WARM_TIMEOUT_S:
+        if time.monotonic() - s.started - s.paused_s > WARM_TIMEOUT_S and not s.paused:
             break
         if s.paused:
             await asyncio.sleep(0.2)

@@ -48,10 +48,11 @@ class StandbyMemory:
         return m["available"] is None or m["standbys"] + guess <= m["budget"]
 
     def look(self, s) -> None:
-        """While an imports standby imports: what the imports it finished since the last look added."""
+        """While an imports standby imports: what the imports it finished since the last look added
+        (with the processes an import started: inductor's compile workers are its memory too)."""
         if s.kind != "imports" or s.state != "booting" or s.paused or not s.pid:
             return
-        own = host_memory.rss(s.pid)
+        own = s.memory_now()
         if own is None:
             return
         done = frozenset(s.imports) | frozenset(s.resolved)
