@@ -434,6 +434,61 @@ def test_only_torchs_cuda_init_in_the_warm_up_makes_cells_and_threads_wait_for_c
         st.warmer.cancel_scheduled()
 
 
+def test_a_cell_that_starts_before_a_scheduled_warm_up_begins_is_not_forgotten():
+    """Run All right after opening: the first cell may start in the moment between the kernel's
+    first answer and the warm-up's start. That it does GPU work (none of ours follows it) and that
+    it ran beside the warm-up (`%gpu status` says how long it waited) outlive the start."""
+    from gpuctx_jupyter.kernel.warm import plan as plans
+    from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+
+    w = Warmer()
+    w.schedule(lambda: plans.imports_only([]), within=600)
+    w.cell_started("x = torch.ones(3, device='cuda')")
+    assert w.go()
+    w.cell_finished()
+    assert w.wait(30).state == "done"
+    assert w.user_gpu and w.status.first_cell_overlap is not None, w.status
+    assert "your first cell waited for it at most" in w.status.summary()
+
+
+def test_a_warm_up_thread_ending_leaves_the_next_ones_plans_alone(monkeypatch):
+    """A new warm-up may start once the last one has taken its last plan, before that one has
+    finished ending (typed cells arriving as a plan ends): the ending thread must not drop the plan
+    queued for the new one, nor stop its helper at the kernel's priority."""
+    import threading
+
+    from gpuctx_jupyter.kernel.warm import plan as plans
+    from gpuctx_jupyter.kernel.warm import side_threads as side
+    from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+
+    ending, go_on, second = threading.Event(), threading.Event(), threading.Event()
+    close = side.Unniced.close
+
+    def slow_close(self):  # the first thread, ending, is held here
+        if not ending.is_set():
+            ending.set()
+            go_on.wait(30)
+        close(self)
+
+    monkeypatch.setattr(side.Unniced, "close", slow_close)
+    w = Warmer()
+    w.nice = True
+    assert w.start_plan(lambda: plans.imports_only([]), source="first")
+    assert ending.wait(30)
+    first = w._thread
+
+    def held_plan():
+        second.wait(30)
+        return plans.imports_only([])
+
+    assert w.start_plan(held_plan, source="second")
+    assert not w.replan(lambda previous: plans.imports_only([]), "typed cells")  # queued for the second
+    go_on.set()  # the first thread ends
+    first.join(30)
+    second.set()
+    assert w.wait(30).state == "done" and w.status.source == "typed cells", w.status
+
+
 def test_report_names_live_threads_on_another_device(follow):
     sw, fw = follow()
     before = Parked("worker-1", fw)  # started before any choice

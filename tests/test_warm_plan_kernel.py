@@ -123,6 +123,29 @@ def test_failing_and_hanging_imports_are_recorded_and_the_kernel_works_on(tmp_pa
         stop(km, kc)
 
 
+def test_work_of_a_framework_whose_import_did_not_complete_is_skipped_not_imported_anyway(tmp_path, site):
+    """The import budget spent before `import torch`: its recipes imported torch all the same
+    (3 s on an H200 host, past the budget, outside the cells' turns), and behind an import left
+    running they would wait on its lock for good, refusing every suspend."""
+    site("gpuctx_hangs", {"__init__.py": SLOW_INIT.replace("from . import sub\n", "")})
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, ["import gpuctx_hangs\nimport torch",
+                  "model = torch.nn.Linear(4, 4).cuda()\nopt = torch.optim.AdamW(model.parameters())\n"
+                  "model(torch.randn(2, 4, device='cuda')).sum().backward()\nopt.step()"])
+    km, kc = kernel(tmp_path, nb, site.path, policy="always", config="c.GpuWarmup.import_budget = 2.0\n",
+                    GPUCTX_TEST_RELEASE=str(tmp_path / "never"))
+    try:
+        out = plan_of(kc)
+        steps = {s["name"]: (s["state"], s["detail"]) for s in out["plan"]["steps"]}
+        assert steps["import torch"][0] == "skipped" and "budget" in steps["import torch"][1], steps
+        work = {n: st for n, st in steps.items() if not n.startswith("import ")}  # (imports: skipped for the budget)
+        assert work and all(st == ("skipped", "import torch did not complete") for st in work.values()), steps
+        assert run(kc, "import sys; print('torch' in sys.modules)").stdout.strip() == "False"
+    finally:
+        stop(km, kc)
+
+
 def test_unreadable_notebook_is_said_and_the_kernel_works_as_without_gpuctx(tmp_path):
     nb = tmp_path / "broken.ipynb"
     nb.write_text("{ this is not json")

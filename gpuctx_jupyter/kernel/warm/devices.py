@@ -30,6 +30,17 @@ def why_no_gpu_work(plan: Plan, imported, turn) -> tuple[str | None, bool]:
     return None, False
 
 
+def without_framework(steps: list[Step]) -> list[Step]:
+    """`steps` less those whose framework's import has not completed (failed, skipped for the
+    budget, or left running past it), marked skipped: their recipes would import it themselves,
+    past the import budget and outside the cells' turns (or wait on its import lock for good)."""
+    for s in steps:
+        fw = fws.BY_NAME.get(s.framework)
+        if fw is not None and s.state == "planned" and not fw.loaded():
+            s.state, s.detail = "skipped", f"import {fw.module} did not complete"
+    return [s for s in steps if s.state == "planned"]
+
+
 def devices_of(plan: Plan, device, switcher) -> list[int]:
     """CUDA ordinals to warm: those the notebook names, else `device`, else the kernel's choice.
     What the notebook names wins over the server's assignment: the kernel is started on it."""

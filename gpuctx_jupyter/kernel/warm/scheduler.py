@@ -16,6 +16,7 @@ cell of the user's does GPU work, the warm-up does no more of its own. Failures:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -29,7 +30,7 @@ from ...core import frameworks as fws
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
-from .devices import cpu_batch, devices_of, gpu_batch, why_no_gpu_work
+from .devices import cpu_batch, devices_of, gpu_batch, why_no_gpu_work, without_framework
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
@@ -98,21 +99,25 @@ class Warmer:
         plan = plans.basic(tuple(frameworks), tuple(ops), tuple(imports))
         return self.start_plan(lambda: plan, device=device, source=source)
 
-    def start_plan(self, make_plan, device: int | None = None, source: str = "") -> bool:
+    def start_plan(self, make_plan, device: int | None = None, source: str = "", scheduled: bool = False) -> bool:
         """Start the thread on the plan `make_plan()` returns (called in the thread: reading a
-        notebook never holds up the kernel). False when a warm-up is already running."""
+        notebook never holds up the kernel). False when a warm-up is already running. A
+        `scheduled` start (go()) keeps what the cells did since it was scheduled: a GPU cell of
+        the user's, the first cell's wait."""
         with self._lock:
             if self._for_good or self.held() or (self._thread is not None and self._thread.is_alive()
                                                  and not self._exiting):
                 return False
             self._stop_asked = False  # stopped for a suspend: a later plan (typed cells) may start
             self._pending, self._exiting = None, False
+            overlap = self.status.first_cell_overlap if scheduled else None
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
-                                    started=time.monotonic())
+                                    started=time.monotonic(), first_cell_overlap=overlap)
             self._under_way.clear()
-            self._cell_started = None
+            if not scheduled:
+                self._cell_started, self._user_gpu = None, False
             self._background, self._ordinals = [], None
-            self._user_gpu = self._holds_handles = False
+            self._holds_handles = False
             self._thread = threading.Thread(target=self._run, args=(make_plan, device), name="gpuctx-warmup",
                                             daemon=True)
             self._thread.start()
@@ -128,10 +133,7 @@ class Warmer:
         def later():
             while self.running:
                 thread = self._thread
-                if thread is not None and thread.is_alive():
-                    thread.join(1.0)
-                else:
-                    time.sleep(0.05)
+                thread.join(1.0) if thread is not None and thread.is_alive() else time.sleep(0.05)
             with self._cond:
                 if self._cells_started != cells:
                     return
@@ -161,6 +163,7 @@ class Warmer:
             self._pending = (make_plan, device, source)
             self._on_start = on_start
             self.status = WarmState(state="running", source=source, device=device, phase="starting")
+            self._cell_started, self._user_gpu = None, False
         side.timer(within, self.go)
 
     def answered(self, grace: float = START_GRACE_S) -> None:
@@ -214,7 +217,7 @@ class Warmer:
             return False
         if on_start is not None:
             on_start()
-        return self.start_plan(*pending)
+        return self.start_plan(*pending, scheduled=True)
 
     def wait(self, timeout: float | None = None) -> WarmState:
         """Until the warm-up has finished (or `timeout`). A scheduled warm-up starts now, and this
@@ -301,13 +304,12 @@ class Warmer:
 
     # -- the thread -----------------------------------------------------------------------------
     def _run(self, make_plan, device) -> None:
-        st = self.status
+        st, unniced = self.status, None
         if self.nice or os.environ.get(STANDBY):  # a standby of the warm pool yields the CPU to every other process
-            self._unniced = side.Unniced()  # before: what the thread starts for good keeps the kernel's priority
-            try:
+            # first: what the thread starts for good (unniced()) keeps the kernel's priority
+            self._unniced = unniced = side.Unniced()
+            with contextlib.suppress(OSError, AttributeError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread (and its helpers)
-            except (OSError, AttributeError):
-                pass
         reading = Step("plan", "reading the plan")
         try:
             self._turn(reading, heavy=False)  # (making a plan is Python work: not beside a cell)
@@ -324,6 +326,7 @@ class Warmer:
                         break
                 make_next, st.source = follow
                 st.state, st.detail = "running", ""  # %gpu status: under way again, not the last plan's "done"
+                self._ordinals = None  # (the device chosen now: the user may have moved since)
                 self._turn(reading, heavy=False)
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
@@ -338,19 +341,20 @@ class Warmer:
         except BaseException as exc:  # noqa: BLE001 — a warm-up must never take the kernel down
             st.state, st.detail = "failed", f"{st.phase}: {type(exc).__name__}: {exc}"
             log.warning("gpuctx warm-up failed (the kernel works on, CUDA starts on first use): %s", st.detail)
-        finally:
-            if self._unniced is not None:
-                self._unniced.close()
-                self._unniced = None
-            with self._lock:  # a plan asked for after a failure or a step aside waits for the next ask
-                self._exiting, self._next = True, None
-            st.phase = ""
-            st.finished = time.monotonic()
-            self._under_way.set()
-            with self._cond:
-                if self._cell_started is not None and st.first_cell_overlap is None:
-                    st.first_cell_overlap = st.finished - self._cell_started
-                self._cell_started = None
+        finally:  # (what is shared only while this thread is the warmer's: one may start once it took its last plan)
+            if unniced is not None:
+                unniced.close()
+            with self._lock:
+                current = self._thread is threading.current_thread()
+                if current:  # (a plan asked for after a failure or a step aside waits for the next ask)
+                    self._exiting, self._next, self._unniced = True, None, None
+            st.phase, st.finished = "", time.monotonic()
+            if current:
+                with self._cond:
+                    if self._cell_started is not None and st.first_cell_overlap is None:
+                        st.first_cell_overlap = st.finished - self._cell_started
+                    self._cell_started = None
+                self._under_way.set()
 
     def _carry_out(self, plan: Plan, device) -> None:
         st = self.status
@@ -383,7 +387,7 @@ class Warmer:
                     if step.state == "planned":
                         self._import(step, wait=not step.overlap)
                 continue
-            todo = [s for s in batch if s.state == "planned"]
+            todo = without_framework(batch)
             if not todo:
                 continue
             if not decided:
@@ -560,22 +564,14 @@ class Warmer:
                 if time.monotonic() >= self._deadline:
                     raise TimeoutError(f"still importing after the import budget ({self.import_budget:g} s); "
                                        "left to finish in the background")
-            if "exc" in box:
-                exc = box["exc"]
-                raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
+            _raise(box)
 
         if not wait:
             self._turn(step, heavy=True)
             self._background.append(done)
             self._flights[done] = time.monotonic()
 
-            def background():
-                work()
-                if "exc" in box:
-                    exc = box["exc"]
-                    raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
-
-            side.in_background(step, background, self.status.phases)
+            side.in_background(step, lambda: (work(), _raise(box)), self.status.phases)
             return
         try:
             self._phase(step, run, heavy=True)
@@ -585,6 +581,14 @@ class Warmer:
             step.cuda = cuda_driver.touched()
             if step.cuda and self.plan is not None and not self.plan.gpu:
                 step.detail = "; ".join(x for x in (step.detail, f"it started CUDA ({step.cuda})") if x)
+
+
+def _raise(box: dict) -> None:
+    """What an import raised, if anything (a BaseException as an Exception: recorded, not fatal)."""
+    exc = box.get("exc")
+    if exc is not None:
+        raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
+
 
 class _SteppedAside(Exception):
     """A cell of the user's does GPU work while this thread holds cuBLAS/cuDNN handles: the thread

@@ -23,7 +23,7 @@ class WarmState:
         return None if self.started is None or self.finished is None else self.finished - self.started
 
     def summary(self) -> str:
-        phases = ", ".join(f"{k} {v:.2f} s" for k, v in self.phases.items())
+        phases = ", ".join(f"{k} {v:.2f} s" for k, v in list(self.phases.items()))  # (grows in other threads)
         where = f" on cuda:{self.device}" if self.device is not None else ""
         by = f", started by {self.source}" if self.source else ""
         if self.state == "running":
@@ -45,5 +45,5 @@ class WarmState:
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
-        d["total"] = self.total
+        d["phases"], d["total"] = dict(list(self.phases.items())), self.total
         return d

@@ -56,7 +56,8 @@ def accept(state, shell, content) -> dict:
     if not new:
         return {**reply, "warmup": warmer.status.state, "detail": "nothing new to warm for these cells"}
     warmer.import_budget = cfg.import_budget
-    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts, choice), previous), SOURCE)
+    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts, getattr(state.switcher, "base", None)),
+                                         previous), SOURCE)  # (the choice when it is made: a cell may have run)
     return {**reply, "planned": len(new), "warmup": warmer.status.state,
             "detail": f"{len(new)} step(s) to warm for these cells, when it is their turn"}
 
