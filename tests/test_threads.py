@@ -489,6 +489,20 @@ def test_a_warm_up_thread_ending_leaves_the_next_ones_plans_alone(monkeypatch):
     assert w.wait(30).state == "done" and w.status.source == "typed cells", w.status
 
 
+def test_numba_imported_by_the_warm_up_gets_the_device_in_the_cells_thread(follow):
+    """The server assigned cuda:1; the warm-up's thread imports Numba (whose device is per thread):
+    the switch waits for the next cell and happens in its thread — made in the warm-up's thread,
+    it left the cells on cuda:0."""
+    sw, torch = follow(Recording("torch"), Recording("numba", loaded=False))
+    numba = sw.frameworks[1]
+    sw.assign(Choice(1))
+    numba.is_loaded = True
+    warm = run_thread(lambda: sw.on_import(numba.module), name="gpuctx-warmup-import")
+    assert numba.in_thread(warm) == []
+    sw.enforce()  # the next cell
+    assert numba.in_thread(threading.main_thread()) == [("set_current", 1)]
+
+
 def test_report_names_live_threads_on_another_device(follow):
     sw, fw = follow()
     before = Parked("worker-1", fw)  # started before any choice

@@ -262,9 +262,14 @@ class Switcher:
             torch.set_default(choice.ordinal)
 
     def on_import(self, module: str) -> None:
-        """A watched framework finished importing: give it the kernel's device."""
+        """A watched framework finished importing: give it the kernel's device. JAX and Numba
+        imported by another thread than the cells' (the warm-up's) get it before the next cell, in
+        the cells' thread: their device is per thread, and switching starts their GPU backend."""
         fw = next((fw for fw in self.frameworks if fw.module == module), None)
         if fw is None or self.choice is None:
+            return
+        if fw.name in ("jax", "numba") and threading.current_thread() is not threading.main_thread():
+            self._on_first_cell.add(fw.name)
             return
         applied = Applied()
         self._apply_one(fw, applied, ask=False)
