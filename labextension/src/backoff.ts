@@ -10,7 +10,7 @@ export interface IBackoffOptions {
   initial: number;
   /** Each further attempt waits this many times longer. */
   factor: number;
-  /** Ceiling, milliseconds. */
+  /** Ceiling, milliseconds (before the jitter: at the ceiling, tabs must not knock in step). */
   max: number;
   /** Up to this fraction of the delay is added at random (0 = none). */
   jitter: number;
@@ -27,7 +27,7 @@ export function backoffDelay(
 ): number {
   const n = Math.max(0, Math.floor(attempt));
   const base = Math.min(options.max, options.initial * Math.pow(options.factor, n));
-  return Math.round(Math.min(options.max, base * (1 + options.jitter * random())));
+  return Math.round(base * (1 + options.jitter * random()));
 }
 
 /** The delays of the first `count` attempts without jitter, for docs and tests. */

@@ -136,8 +136,12 @@ export class TypedCells {
   private _fire(): void {
     this._timer = null;
     const id = this._notebook.kernelId();
-    if (!this._enabled || this._disposed || this._stopped || this._inFlight || !id) {
-      return; // in flight: its answer looks again; no kernel: its arrival does
+    if (this._inFlight) {
+      this._missed = true; // its answer arms again (a restart meanwhile: the new kernel is sent them)
+      return;
+    }
+    if (!this._enabled || this._disposed || this._stopped || !id) {
+      return; // no kernel: its arrival arms again
     }
     if (this._notebook.kernelStatus() !== 'idle') {
       return; // a cell runs: sent once the kernel is idle again (_onKernel)
@@ -182,8 +186,10 @@ export class TypedCells {
       )
       .finally(() => {
         this._inFlight = false;
-        if (this._dirty && !this._stopped && key !== JSON.stringify(this._notebook.codeSources())) {
-          this._arm(); // typed on while it was on its way
+        const missed = this._missed;
+        this._missed = false;
+        if (!this._stopped && (missed || (this._dirty && key !== JSON.stringify(this._notebook.codeSources())))) {
+          this._arm(); // typed on, or the kernel changed, while it was on its way
         }
       });
   }
@@ -197,6 +203,7 @@ export class TypedCells {
   private _dirty = false;
   private _edited = false;
   private _inFlight = false;
+  private _missed = false;
   private _stopped = false;
   private _silent = 0;
   private _generation = 0;

@@ -624,12 +624,13 @@ export class GpuController {
     if (!kernelId || !this._kernelViewWanted()) {
       return;
     }
+    const asked = ++this._asked;
     let view: IKernelView;
     try {
       view = await this._options.fetchKernelView(kernelId);
     } catch (err) {
-      if (this._notebook?.kernelId !== kernelId) {
-        return; // the user moved on; the new kernel is asked separately
+      if (this._notebook?.kernelId !== kernelId || asked !== this._asked) {
+        return; // the user moved on, or a newer question was asked (after a restart: same id)
       }
       const status = httpStatus(err);
       if (status === 404) {
@@ -655,7 +656,7 @@ export class GpuController {
       this._setKernelView(kernelId, { kernel_id: kernelId, status: 'error', reason: describeFailure(err) });
       return;
     }
-    if (this._notebook?.kernelId === kernelId) {
+    if (this._notebook?.kernelId === kernelId && asked === this._asked) {
       this._setUnreachable(false);
       this._setNextWait(false);
       this._setKernelView(kernelId, view);
@@ -702,6 +703,7 @@ export class GpuController {
   private _setTimeout: (fn: () => void, ms: number) => unknown;
   private _clearTimeout: (handle: unknown) => void;
   private _poll: Poll<void>;
+  private _asked = 0; // kernel-view questions asked: only the latest one's answer is shown
   private _backoff: IBackoffOptions;
   /** Kernel-view requests that got no answer in a row. */
   private _failures = 0;

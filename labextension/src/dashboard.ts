@@ -335,6 +335,17 @@ export class GpuDashboard extends Widget {
     this.dispose();
   }
 
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    for (const chart of this._charts()) {
+      chart.dispose(); // (uPlot keeps every plot not destroyed, with its data, for the page's life)
+    }
+    this._sections.clear();
+    super.dispose();
+  }
+
   private *_charts(): Generator<TimeChart> {
     for (const s of this._sections.values()) {
       yield s.util.chart;

@@ -273,7 +273,9 @@ export class DeviceHistory {
         numOrNull(host.interval) ?? 2
       );
     }
-    this.retain(devices.map(deviceKey));
+    if (snapshot.gpu) {
+      this.retain(devices.map(deviceKey)); // (a snapshot that could not read the GPUs forgets none)
+    }
   }
 
   /** The server's history (the stream's first message, or GET /gpuctx/api/history). */

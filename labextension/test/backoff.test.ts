@@ -7,11 +7,12 @@ describe('backoff', () => {
     expect(backoffSchedule(8)).toEqual([500, 1000, 2000, 4000, 5000, 5000, 5000, 5000]);
   });
 
-  it('adds at most the jitter fraction and never passes the ceiling', () => {
+  it('adds at most the jitter fraction, also at the ceiling (many tabs do not knock in step)', () => {
     expect(backoffDelay(0, DEFAULT_BACKOFF, () => 1)).toBe(600);
     expect(backoffDelay(0, DEFAULT_BACKOFF, () => 0)).toBe(500);
     expect(backoffDelay(3, DEFAULT_BACKOFF, () => 1)).toBe(4800);
-    expect(backoffDelay(20, DEFAULT_BACKOFF, () => 1)).toBe(5000);
+    expect(backoffDelay(20, DEFAULT_BACKOFF, () => 1)).toBe(6000);
+    expect(backoffDelay(20, DEFAULT_BACKOFF, () => 0)).toBe(5000);
     expect(backoffDelay(-3, DEFAULT_BACKOFF, () => 0)).toBe(500);
   });
 });

@@ -249,6 +249,38 @@ describe('TypedCells', () => {
     typed.dispose();
   });
 
+  for (const how of ['restarted', 'changed'] as const) {
+    it(`the kernel ${how} while cells are on their way, answered only later: the new one is sent them`, async () => {
+      const answers: ((value: { status: string }) => void)[] = [];
+      const t = setup();
+      const typed = new TypedCells(t.nb, {
+        send: (kernel, cells) => {
+          t.sent.push({ kernel, cells: [...cells] });
+          return new Promise(resolve => answers.push(resolve));
+        },
+        enabled: true,
+        setTimeout: t.timers.set,
+        clearTimeout: t.timers.clear
+      });
+      t.typed.dispose();
+      t.nb.type(0, 'import torch');
+      t.timers.advance(TYPING_PAUSE_MS); // on its way to k1
+      if (how === 'restarted') {
+        t.nb.setStatus('restarting');
+        t.nb.setStatus('idle');
+      } else {
+        t.nb.setStatus('idle', 'k2');
+      }
+      t.timers.advance(TYPING_PAUSE_MS); // the new kernel's turn comes while the old one has not answered
+      answers[0]({ status: 'no-answer' });
+      await settle();
+      t.timers.advance(TYPING_PAUSE_MS);
+      await settle();
+      expect(t.sent.map(s => s.kernel)).toEqual(how === 'restarted' ? ['k1', 'k1'] : ['k1', 'k2']);
+      typed.dispose();
+    });
+  }
+
   it('sends nothing with the setting off, and what waits when it is turned on', async () => {
     const t = setup([], false);
     t.nb.type(0, 'import torch');

@@ -203,6 +203,24 @@ describe('GpuController: the kernel-view poll', () => {
     t.controller.dispose();
   });
 
+  it("drops the old process's late answer after a restart (the same kernel id)", async () => {
+    const t = setup();
+    let n = 0;
+    let late: (v: IKernelView) => void = () => undefined;
+    t.answer(() => (++n === 2 ? new Promise<IKernelView>(resolve => (late = resolve)) : Promise.resolve({ ...OK, device: 1 })));
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    await vi.advanceTimersByTimeAsync(5000); // the next question goes to the process about to be restarted
+    expect(n).toBe(2);
+    await t.controller.runAction({ kernelId: 'k1', action: 'restart', label: 'train.ipynb' });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.kernelView?.device).toBe(1); // the restarted process answered
+    late({ kernel_id: 'k1', status: 'no-answer', reason: 'the kernel did not answer within 2 s' });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.kernelView?.status).toBe('ok');
+    t.controller.dispose();
+  });
+
   it('reports a refused action in the server’s words, and a lost server in plain words', async () => {
     const t = setup({
       kernelAction: async () => {

@@ -11,13 +11,19 @@ import { GpuDashboard, hostChart, linksChart, memoryChart } from '../src/dashboa
 import { DeviceHistory, IHistoryPoint } from '../src/history';
 import { GIB, twoGpus } from './fixtures';
 
+const livePlots = new Set<object>(); // uPlot keeps every plot not destroyed for the page's life
+
 vi.mock('uplot', () => ({
   default: class {
-    constructor() {}
+    constructor() {
+      livePlots.add(this);
+    }
     setData(): void {}
     setSize(): void {}
     redraw(): void {}
-    destroy(): void {}
+    destroy(): void {
+      livePlots.delete(this);
+    }
   }
 }));
 
@@ -101,6 +107,27 @@ describe('GpuDashboard', () => {
     expect(host.textContent).toContain('16 CPUs · CPU 25% · memory 8.00 GiB / 64.0 GiB');
     Widget.detach(dashboard);
     expect(opened).toEqual([true, false]);
+  });
+
+  it('closing it destroys its charts: none stays behind however often it is opened', async () => {
+    const width = Object.getOwnPropertyDescriptor(HTMLElement.prototype, 'clientWidth');
+    Object.defineProperty(HTMLElement.prototype, 'clientWidth', { configurable: true, get: () => 400 });
+    try {
+      for (let round = 0; round < 3; round++) {
+        const { dashboard, history } = mounted();
+        const snap = twoGpus(100);
+        history.addSnapshot(snap);
+        dashboard.setSnapshot(snap);
+        await vi.waitFor(() => expect(livePlots.size).toBe(9)); // 4 per GPU and the host's, once uPlot has loaded
+        dashboard.close();
+        expect(dashboard.isDisposed).toBe(true);
+        expect(livePlots.size).toBe(0);
+      }
+    } finally {
+      if (width) {
+        Object.defineProperty(HTMLElement.prototype, 'clientWidth', width);
+      }
+    }
   });
 
   it('switches the time range and the memory axis, and shows one GPU when picked', () => {

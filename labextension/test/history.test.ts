@@ -93,6 +93,17 @@ describe('DeviceHistory', () => {
     expect(h.points('cuda:0')).toHaveLength(1);
   });
 
+  it('forgets no GPU for a snapshot that could not read them (one NVML error wiped every chart)', () => {
+    const h = new DeviceHistory(120, 1);
+    for (let t = 100; t < 130; t++) {
+      h.addSnapshot(twoGpus(t));
+    }
+    h.addSnapshot({ gpu: false, reason: 'NVML: Unknown Error', time: 130, devices: [] });
+    h.addSnapshot(twoGpus(131));
+    expect(h.points('GPU-aaaa').length).toBeGreaterThan(30);
+    expect(h.points('GPU-bbbb').length).toBeGreaterThan(30);
+  });
+
   it('keeps the panel\'s span, or the dashboard\'s hour while one is open', () => {
     const h = new DeviceHistory(10, 1);
     for (let t = 1; t <= 30; t++) {
