@@ -307,7 +307,12 @@ export class TimeChart {
     }
     const gap = this._data.gap ?? gapAfter(1);
     const isGap = legend.every(values => values[i] === null || values[i] === undefined);
-    const far = hovering && atX !== null && Math.abs(atX - x[i]) > gap / 2;
+    // Between two samples the line is drawn, however far apart they are (the server's rows older than
+    // 10 min are 10 s apart): the nearest one's value. Towards a gap marker or past either end, only
+    // within half a sampling interval of a sample.
+    const toward = atX !== null && atX < x[i] ? i - 1 : i + 1;
+    const drawn = toward >= 0 && toward < n && !legend.every(values => values[toward] === null || values[toward] === undefined);
+    const far = hovering && atX !== null && !drawn && Math.abs(atX - x[i]) > gap / 2;
     if (hovering && (isGap || far)) {
       setValues(() => 'no sample');
       const at = atX ?? x[i];

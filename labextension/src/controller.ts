@@ -187,9 +187,13 @@ export function httpStatus(err: unknown): number | null {
   return typeof status === 'number' ? status : null;
 }
 
-/** A failure in words a person can act on (never the browser's "TypeError: Failed to fetch"). */
+/**
+ * A failure in words a person can act on (never the browser's "TypeError: Failed to fetch"): no
+ * answer (fetch's TypeError, which @jupyterlab/services' NetworkError is), else its own message
+ * ("Kernel is dead", the server's refusal).
+ */
 export function describeFailure(err: unknown): string {
-  if (httpStatus(err) === null) {
+  if (httpStatus(err) === null && (err instanceof TypeError || !(err instanceof Error) || !err.message)) {
     return 'The Jupyter server did not answer: check that it is still running, then try again.';
   }
   return err instanceof Error && err.message ? err.message : String(err);

@@ -208,4 +208,20 @@ describe('HistoryChart', () => {
     expect(value()).toBe('20%');
     chart.dispose();
   });
+
+  it("reads the nearest sample's value between samples however far apart (the server's 10 s rows)", async () => {
+    const chart = new HistoryChart();
+    withWidth(chart, 220);
+    const t0 = Date.UTC(2025, 0, 1) / 1000;
+    const pts: IHistoryPoint[] = [0, 10, 20, 30].map((dt, k) => ({
+      t: t0 + dt, utilization: 10 * k, memoryUsed: GIB, memoryTotal: 2 * GIB
+    }));
+    chart.update(pts, 3600, 'total', 'x', 3);
+    await chart.fit();
+    const legend = chart.node.querySelector('.jp-gpuctx-legend')!;
+    const value = () => legend.querySelector('.jp-gpuctx-legend-utilization .jp-gpuctx-legend-value')!.textContent;
+    made[0].hover(1, 104); // 16 s before the newest: 4 s from the nearest sample, on the line to the next
+    expect(value()).toBe('10%');
+    chart.dispose();
+  });
 });

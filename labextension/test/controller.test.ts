@@ -237,8 +237,16 @@ describe('GpuController: the kernel-view poll', () => {
     await u.controller.runAction({ kernelId: 'k9', action: 'interrupt', label: 'a.ipynb' });
     expect(u.errors[0][1]).not.toContain('Failed to fetch');
     expect(u.errors[0][1]).toContain('The Jupyter server did not answer');
+    const v = setup({
+      kernelAction: async () => {
+        throw new Error('Kernel is dead'); // the kernel connection's own refusal: the server is fine
+      }
+    });
+    await v.controller.runAction({ kernelId: 'k9', action: 'interrupt', label: 'a.ipynb' });
+    expect(v.errors[0][1]).toBe('Kernel is dead');
     t.controller.dispose();
     u.controller.dispose();
+    v.controller.dispose();
   });
 
   it('backs off while the server does not answer, capped at 30 s, and is back at once when it returns', async () => {
