@@ -142,11 +142,27 @@ async def test_the_stream_clamps_rates_out_of_range_and_refuses_non_numbers(jp_f
     hello = await read_json(slow)
     assert hello["interval"] == 60.0 and "max_interval" in hello["note"]
     assert (await read_json(slow))["type"] == "snapshot"  # the first snapshot comes at once
-    for bad in ("fast", "nan", "inf"):
+    for bad in ("fast", "nan", "inf", "9" * 400):  # (the last reads as infinity: no JSON could say it)
         code, body = await refused(jp_ws_fetch, "gpuctx", "api", "stream", params={"interval": bad})
         assert code == 400 and "is not a number of seconds" in body["message"], bad
     fast.close()
     slow.close()
+
+
+async def test_a_kernel_whose_liveness_cannot_be_read_gets_an_answer_not_a_500():
+    """A gateway's kernel: its manager asks the gateway whether it runs, over HTTP, which may fail."""
+    from gpuctx_jupyter import contract
+    from gpuctx_jupyter.server import kernel_query
+
+    class Remote:
+        execution_state = "idle"
+
+        async def is_alive(self):
+            raise ConnectionError("the gateway did not answer")
+
+    answer = await kernel_query.control(Remote(), contract.REQUEST, contract.REPLY, 1.0, "gone")
+    assert answer == {"status": "error",
+                      "reason": "could not tell whether the kernel runs: ConnectionError: the gateway did not answer"}
 
 
 async def test_clients_that_leave_leave_nothing_behind(jp_fetch, jp_ws_fetch):

@@ -293,6 +293,41 @@ async def test_culling_and_the_pressure_release_can_suspend_idle_holders_instead
     assert done[0]["released_total"] == 8 * GIB and gpuctx.manager.suspended[kid].by == "pressure"
 
 
+async def test_culling_never_takes_a_kernel_the_user_is_resuming_or_has_just_resumed(
+        jp_fetch, jp_serverapp, fake, gpuctx):
+    """A resume is the user's: its memory coming back shows in NVML while the restore runs, and the
+    kernel's last activity was hours ago (it was suspended for being idle). Culling (its default
+    action, shutdown) then killed the kernel mid-resume or at the next round, variables and all."""
+    from datetime import timedelta
+
+    from jupyter_server._tz import utcnow
+
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "back.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    gpuctx.gpu.held[pid] = 8 * GIB
+    assert (await post(jp_fetch, kid, "suspend"))[0] == 200
+    server, culler = gpuctx.server, gpuctx.server.culler
+    culler.shutdown, culler.action = jp_serverapp.kernel_manager.shutdown_kernel, "shutdown"
+    culler.after = 3600.0
+    kernel.last_activity = utcnow() - timedelta(hours=2)  # suspended for being idle, two hours ago
+
+    def round_of(inv):
+        holders = server.holders.collect()
+        return inv, holders, holdings(inv, holders)
+
+    fake.hang(pid, "restore")
+    resuming = asyncio.ensure_future(post(jp_fetch, kid, "resume"))
+    assert await wait_until(lambda: fake.hanging(pid, "restore"), timeout=30)
+    listed = replace(gpuctx.gpu.inventory(), records=[replace(h200(0), memory_total=141 * GIB, memory_used=8 * GIB,
+                                                              processes=(GpuProcess(pid, 8 * GIB, "compute"),))])
+    assert await culler(*round_of(listed)) == []  # mid-restore: its memory listed again
+    fake.hang(pid, "restore", False)
+    code, answer = await asyncio.wait_for(resuming, 30)
+    assert code == 200, answer
+    assert await culler(*round_of(gpuctx.gpu.inventory())) == []  # the next round: active just now
+    assert kid in jp_serverapp.kernel_manager and culler.culled == []
+
+
 async def test_the_holders_round_goes_on_while_culling_suspends_a_kernel(jp_fetch, jp_serverapp, fake, gpuctx):
     """A suspend takes about a minute for a full H200 (900 s if the driver hangs): the round that
     started it goes on, writing the holders file and feeding the pressure release meanwhile."""

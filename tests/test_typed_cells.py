@@ -124,6 +124,8 @@ def test_bad_input_is_refused_with_one_line_and_no_cell_text_in_the_log(server_f
         "a list": (dict(raw=b'["import torch"]'), 400, "expected a JSON object"),
         "a string": (dict(raw=json.dumps({"cells": MARK}).encode()), 400, '"cells" must be a list of strings'),
         "numbers": (dict(cells=[MARK, 7]), 400, "cells[1] is a number"),
+        "a number too long": (dict(raw=b'{"cells": [' + b"9" * 5000 + b"]}"), 400,
+                              "the body holds a number too long to read"),
         "other keys": (dict(raw=json.dumps({"cells": [], MARK: 1}).encode()), 400, 'only "cells" is accepted'),
         "lone surrogate": (dict(raw=b'{"cells": ["\\ud800"]}'), 400, "cells[0] is not valid Unicode"),
     }

@@ -4,7 +4,8 @@ GPU memory (c.GpuctxServer.cull_idle_gpu_kernels_after, 0 = off).
 Run after each holders round (Holders.consumers). A kernel of this server that NVML lists on some
 GPU and that has had no user activity (gpuctx's own requests do not count) for the configured time
 is shut down through the kernel manager — so through the lifecycle's Actions, one action per
-kernel at a time — with one log line naming the notebook and the memory freed (or, with
+kernel at a time; none while another action is in flight on it (a resume, whose memory NVML lists
+again as it comes back; a restart) — with one log line naming the notebook and the memory freed (or, with
 c.GpuctxServer.cull_idle_gpu_kernels_action = "suspend", suspended: `shutdown` is then suspend.py's
 and `action` says so). A kernel running a cell is never culled. Each shutdown or suspend runs
 as a background task of its own (`tasks.Background.spawn_once`, one per kernel at a time), so the
@@ -26,13 +27,15 @@ from .tasks import Background
 
 class GpuCuller:
     def __init__(self, after: float, shutdown: Callable[[str], object], clock: Callable[[], float] = time.time,
-                 log=None, warning_s: float = 600.0, action: str = "shutdown", background: Background | None = None):
+                 log=None, warning_s: float = 600.0, action: str = "shutdown", background: Background | None = None,
+                 busy: Callable[[str], object] = lambda _kernel_id: None):
         if after < 0 or warning_s < 0:
             raise ValueError("cull times must be 0 (off) or positive seconds")
         self.after, self.warning_s = after, warning_s
         self.shutdown, self.clock, self.log = shutdown, clock, log
         self.action = action  # or "suspend": what `shutdown` does, for the log and the entries
         self.background = background or Background(log)  # the extension's: awaited at server shutdown
+        self.busy = busy  # the action in flight on a kernel (lifecycle.Actions.busy): none is culled then
         self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
         self.culled: list[dict] = []  # newest last (bounded)
 
@@ -50,7 +53,7 @@ class GpuCuller:
         cull_at, started = {}, []
         for h in holders:
             on = held.get(h.id)
-            if h.standby or not on or not sum(on.values()):
+            if h.standby or not on or not sum(on.values()) or self.busy(h.id):  # (a resume, a restart: the user's)
                 continue
             idle = h.idle_at(now, now)
             if idle is None:

@@ -128,7 +128,7 @@ def load(serverapp) -> Server:
     culler = GpuCuller(cfg.cull_idle_gpu_kernels_after,
                        suspend.culling(lifecycle.actions) if cfg.cull_idle_gpu_kernels_action == "suspend"
                        else mkm.shutdown_kernel, log=log, warning_s=cfg.cull_warning_seconds,
-                       action=cfg.cull_idle_gpu_kernels_action, background=background)
+                       action=cfg.cull_idle_gpu_kernels_action, background=background, busy=lifecycle.actions.busy)
     holders.consumers += [pressure, culler]
 
     typed = TypedCells(cfg.kernel_query_timeout, background)

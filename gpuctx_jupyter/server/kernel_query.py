@@ -23,7 +23,11 @@ async def control(kernel, request: str, reply_type: str, timeout: float, dead: s
     """Send `request` (with `content`) on the kernel's control channel; the reply's content when it
     is `reply_type` with status ok, else why there is none, as an answer (`dead`: what a dead kernel
     means here). A kernel that declines says so: {"status": "refused" | "suspended", "reason": its sentence}."""
-    if getattr(kernel, "execution_state", None) == "dead" or not await ensure_async(kernel.is_alive()):
+    try:
+        alive = getattr(kernel, "execution_state", None) != "dead" and await ensure_async(kernel.is_alive())
+    except Exception as exc:  # a gateway's kernel: its manager asks over HTTP, which may fail
+        return {"status": "error", "reason": f"could not tell whether the kernel runs: {type(exc).__name__}: {exc}"}
+    if not alive:
         return {"status": "dead", "reason": f"the kernel's process is not running: {dead}"}
     try:
         reply = await kernel_client.request(kernel, "control", request, content or {}, timeout)

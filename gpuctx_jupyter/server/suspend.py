@@ -43,6 +43,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from jupyter_server._tz import utcnow
+
 from .. import contract
 from ..contract.holders import suspended_text
 from ..core import host_memory
@@ -370,6 +372,7 @@ class SuspendManager:
         if not answer.get("resumed") and record is None:
             raise Refused(409, "it is not suspended: nothing to resume")
         self.suspended.pop(kernel_id, None)
+        kernel.last_activity = utcnow()  # the user's doing: idle culling and release count from now
         seconds = time.perf_counter() - t0
         self._remember_resume(kernel_id, record, by, seconds)
         return {"status": "ok", "kernel_id": kernel_id, "resumed": True, "seconds": round(seconds, 4),

@@ -4,6 +4,7 @@ websocket: a "hello" message first, the asked span of history (history.py), then
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from jupyter_core.utils import ensure_async
@@ -43,7 +44,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     def _interval(self) -> dict:
         cfg, raw = self.api.cfg, self.get_argument("interval", "1.0")
-        if not _SECONDS.fullmatch(raw.strip()):
+        if not _SECONDS.fullmatch(raw.strip()) or not math.isfinite(float(raw)):  # (400 nines: inf)
             raise web.HTTPError(400, "interval=%r is not a number of seconds: ask for one between %g and %g, "
                                      "e.g. 1 or 0.5", raw, cfg.min_interval, cfg.max_interval)
         asked = float(raw)
