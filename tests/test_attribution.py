@@ -91,6 +91,39 @@ def test_children_and_grandchildren_belong_to_the_kernel(grandchild, source, mon
     assert "kernel" not in describe(GpuProcess(1, GIB, "compute"), by_pid)
 
 
+def test_the_event_loops_process_table_is_read_in_a_thread_and_sees_new_children_soon(monkeypatch):
+    """Every stream tick and holders round attributes GPU memory to kernels' children: reading the
+    whole process table on the event loop each time stalled it ~100 ms on a host of 1,500
+    processes. Within its time to live the last table serves; past it, the next round still gets
+    the last one at once while a thread reads the next, which finds children started meanwhile."""
+    import threading
+
+    reads = []
+    real = attribution.psutil.process_iter
+
+    def counted(*args, **kwargs):
+        reads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attribution.psutil, "process_iter", counted)
+    recent = attribution.RecentChildren(ttl=0.3)
+    recent()
+    for _ in range(20):
+        recent()
+    assert reads == [threading.current_thread().name]  # the first read only, made at once
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child.pid not in kernel_pids(os.getpid(), None, recent())  # the last table, at once
+        deadline = time.monotonic() + 10
+        while child.pid not in kernel_pids(os.getpid(), None, recent()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.pid in kernel_pids(os.getpid(), None, recent())
+        assert set(reads[1:]) == {"gpuctx-process-table"}  # every later read in a thread of its own
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_a_pid_two_kernels_claim_goes_to_the_first():
     by_pid = owners([kernel("k1", {5}), kernel("k2", {5, 6})])
     assert by_pid[5].id == "k1" and by_pid[6].id == "k2"

@@ -9,6 +9,8 @@ out; the /proc and psutil reads are small functions beside it, so tests can poin
 """
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -46,11 +48,58 @@ def child_table() -> Callable[[int], Iterable[int]]:
     """
     if psutil is None:
         return proc_children
+    table = _read_table()
+    return lambda pid: table.get(pid, ())
+
+
+def _read_table() -> dict[int, list[int]]:
     table: dict[int, list[int]] = defaultdict(list)
     for p in psutil.process_iter(["ppid"]):
         if p.info["ppid"] is not None:
             table[p.info["ppid"]].append(p.pid)
-    return lambda pid: table.get(pid, ())
+    return table
+
+
+class RecentChildren:
+    """child_table() for the event loop's rounds (every stream tick, the holders round): reading the
+    whole process table takes ~100 ms on a host of 1,500 processes, so it is read in a thread of its
+    own once it is older than `ttl` s, and the last one is used meanwhile (a kernel's own PID never
+    comes from it: only its children's, seconds late at worst). The first read is made at once."""
+
+    def __init__(self, ttl: float = 1.0):
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._table: dict[int, list[int]] | None = None
+        self._at = 0.0
+        self._reading = False
+
+    def __call__(self) -> Callable[[int], Iterable[int]]:
+        if psutil is None:
+            return proc_children
+        with self._lock:
+            table, stale = self._table, time.monotonic() - self._at >= self.ttl
+            refresh = table is not None and stale and not self._reading
+            self._reading = self._reading or refresh
+        if table is None:
+            self._store(_read_table())
+        elif refresh:
+            threading.Thread(target=self._refresh, name="gpuctx-process-table", daemon=True).start()
+        table = self._table
+        return lambda pid: table.get(pid, ())
+
+    def _refresh(self) -> None:
+        try:
+            self._store(_read_table())
+        except Exception:  # noqa: BLE001 — the last table stays; the next round tries again
+            with self._lock:
+                self._reading = False
+
+    def _store(self, table: dict[int, list[int]]) -> None:
+        with self._lock:
+            self._table, self._at, self._reading = table, time.monotonic(), False
+
+
+recent_children = RecentChildren()
 
 
 def proc_children(pid: int, proc: str = PROC) -> list[int]:

@@ -143,7 +143,7 @@ class Holders:
         standbys = self.standbys()
         if not standbys:
             return []
-        children = attribution.child_table()
+        children = attribution.recent_children()
         mono = time.monotonic()
         out = []
         for s in standbys:

@@ -41,7 +41,7 @@ def list_kernels(serverapp, reported: Mapping[str, tuple[int | None, int]]) -> l
     """
     km = serverapp.kernel_manager
     paths = session_paths(serverapp.session_manager)
-    children = attribution.child_table()
+    children = attribution.recent_children()  # (not read on the event loop each time: see there)
     kernels = []
     for kernel_id in km.list_kernel_ids():
         kernel = kernel_client.find(km, kernel_id)
