@@ -82,3 +82,20 @@ def test_kernel_answers_gpuctx_request_on_the_control_channel_while_busy(loaded_
     assert reply["content"]["pid"] > 0 and "warmup" in reply["content"]
     release.write_text("go")
     assert reply_to(kc, msg_id, timeout=30)["content"]["status"] == "ok"  # the cell's own reply
+
+
+def test_a_control_answer_that_cannot_be_written_is_answered_with_why(loaded_kernel):
+    """An answer holding what the message packer cannot write (an object of no JSON type): ipykernel only logs the
+    failure, and the server waited its whole timeout for a reply that never came."""
+    _km, kc = loaded_kernel
+    run(kc, "%load_ext gpuctx")
+    run(kc, "import gpuctx_jupyter.kernel.kernel_view as _kv\n_kv._real_report = _kv.report\n"
+            "_kv.report = lambda state: {'status': 'ok', 'odd': object()}")
+    try:
+        request = kc.session.msg("gpuctx_request", {})
+        kc.control_channel.send(request)
+        reply = reply_to(kc, request["header"]["msg_id"], timeout=30, channel="control")
+        assert reply["msg_type"] == "gpuctx_reply" and reply["content"]["status"] == "error"
+        assert reply["content"]["message"].startswith("the answer could not be sent: ")
+    finally:
+        run(kc, "_kv.report = _kv._real_report")

@@ -342,6 +342,38 @@ def test_gpu_use_inside_on_gpu_is_the_kernels_choice_once_the_cell_ends(shell, n
     assert (jax.device, torch.device, torch.default) == (ordinal, ordinal, torch_default)  # the next cell too
 
 
+def test_on_gpu_puts_a_framework_imported_in_the_cell_back_on_its_default_and_says_what_failed(
+        shell, nvml_records, clean_env, capsys, monkeypatch):
+    """No device chosen: a framework the cell imports is moved to the block's device, and must be
+    back on its own default (cuda:0) after it, as `%gpu status` says; a framework that cannot
+    switch is named in the cell's output, as `%gpu use` does, and the cell still runs."""
+    nvml_records([h200(0), h200(1)])
+    late, broken = StartedGpu("torch"), StartedGpu("cupy")
+    late.loaded = lambda: shell.user_ns.get("imported", False)
+
+    def refuse(ordinal):
+        raise RuntimeError("CUDA error: invalid device ordinal")
+
+    broken.set_current = refuse
+    switcher = shell._gpuctx.switcher
+    monkeypatch.setattr(switcher, "frameworks", (late, broken))
+    shell.user_ns.update(imported=False, _sw=switcher, _late=late)
+    result = shell.run_cell("%%on_gpu 1\nimported = True\n_sw.on_import(_late.module)\ninside = _late.device")
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["inside"] == 1 and late.device == 0
+    out = capsys.readouterr().out
+    assert "gpuctx: cuda:1 not switched to for cupy: RuntimeError: CUDA error: invalid device ordinal" in out
+
+
+def test_on_gpu_shows_a_syntax_error_at_the_cells_own_line(shell, nvml_records, clean_env, capsys):
+    nvml_records([h200(0)])
+    result = shell.run_cell("%%on_gpu 0\nx = (\n")
+    assert not result.success
+    err = capsys.readouterr()
+    shown = err.out + err.err
+    assert "SyntaxError" in shown and "<unknown>" not in shown and "x = (" in shown
+
+
 def test_mixed_devices_hint_under_traceback(shell, capsys):
     cell = "raise RuntimeError('Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cuda:1!')"
     shell.run_cell(cell)
@@ -351,6 +383,10 @@ def test_mixed_devices_hint_under_traceback(shell, capsys):
     assert "mixes tensors on cuda:0 and cuda:1" in text and "%%on_gpu 1 --default" in text
     shell.run_cell("raise RuntimeError('something else')")
     assert "gpuctx:" not in capsys.readouterr().err
+    # an error that cannot even be turned into text: its own traceback, nothing of ours on top
+    shell.run_cell("class Odd(RuntimeError):\n    def __str__(self): raise ValueError('no text')\nraise Odd()")
+    err = capsys.readouterr()
+    assert "Error in callback" not in err.out + err.err and "gpuctx" not in err.out + err.err
 
 
 # -- loading and unloading ------------------------------------------------------------------------------
@@ -396,6 +432,13 @@ def test_warm_by_hand_without_gpu_imports_then_says_why(shell, capsys):
     assert "gpuctx warm-up: skipped" in out and "no GPU is visible" in out and re.search(r"\bimport(ed)? torch", out)
     gpu(shell, "status")
     assert "warm-up: skipped" in capsys.readouterr().out
+
+
+def test_warm_in_the_background_without_gpu_says_so_at_once(shell, capsys):
+    gpu(shell, "warm")
+    out = capsys.readouterr().out
+    assert out.startswith("gpuctx: no GPU is visible (") and "warming the imports and the CPU side only" in out
+    shell._gpuctx.warmer.wait(120)
 
 
 def test_warm_rejects_unknown_and_missing_frameworks(shell):
@@ -455,6 +498,18 @@ def test_doctor_reports_a_cpu_only_torch_before_it_is_imported(shell, capsys, mo
     out = " ".join(capsys.readouterr().out.split())
     assert "torch 2.13.0+cpu is a CPU-only build (read from its installed package; not imported yet)" in out
     assert "install a CUDA build of torch" in out
+
+
+def test_doctor_counts_a_cpu_only_torch_once(shell, nvml_records, clean_env, capsys):
+    """GPUs visible, this venv's CPU-only torch imported: one thing to fix, said once."""
+    import torch  # noqa: F401 — imported, as in a notebook
+
+    nvml_records([h200(0)])
+    gpu(shell, "doctor")
+    lines = capsys.readouterr().out.splitlines()
+    torch_lines = [line for line in lines if re.match(r"[✗!]\s+torch\s", line)]
+    assert len(torch_lines) == 1 and "CPU-only build" in torch_lines[0], lines
+    assert lines[0].endswith("1 finding(s) need attention"), lines[0]
 
 
 def test_doctor_names_a_bad_device_order_under_its_own_topic(shell, nvml_records, clean_env, capsys, monkeypatch):

@@ -193,6 +193,33 @@ async def _run(jp_serverapp, kid: str, code: str) -> str:
         client.stop_channels()
 
 
+def test_neither_status_nor_a_release_starts_jaxs_gpu_backend(shell, monkeypatch, capsys):
+    """Asking JAX for its GPUs starts its backend, which by JAX's defaults takes 75% of every visible
+    GPU: `%gpu status`, `%gpu free` and the server's release request (on the control thread) only
+    report or give back, so they say the backend has not started rather than start it."""
+    import sys
+    import types
+
+    from gpuctx_jupyter.kernel.release import release_memory
+
+    asked = []
+    jax = types.ModuleType("jax")
+    jax.devices = lambda *a: asked.append(a) or []
+    jax.config = SimpleNamespace(jax_default_device=None)
+    bridge = types.ModuleType("jax._src.xla_bridge")
+    bridge._backends = {}  # imported, no backend started
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", bridge)
+    from gpuctx_jupyter.core import frameworks as fws
+
+    shell.run_line_magic("gpu", "status")
+    assert "imported; its GPU backend starts at its first use" in capsys.readouterr().out
+    release_memory(shell)
+    assert asked == []
+    bridge._backends = {"cuda": object()}  # started by the notebook's own first use: asked as before
+    assert fws.JAX.initialized() and fws.reason_without_starting(fws.JAX) is not None and asked == [("gpu",)]
+
+
 def test_negative_times_are_refused_at_start_up():
     from traitlets import TraitError
 

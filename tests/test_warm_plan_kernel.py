@@ -193,6 +193,10 @@ def test_auto_training_notebook_warms_its_imports_and_training_and_load_ext_stay
         kc.control_channel.send(request)
         view = reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]
         assert any(step["name"] == "import torch" for step in view["plan"]["steps"])
+        # a cell whose `%load_ext gpuctx` line never ran (an error before it) leaves gpuctx loaded
+        assert run(kc, "1/0\n%load_ext gpuctx").reply["status"] == "error"
+        gone = run(kc, "%unload_ext gpuctx\nprint(hasattr(get_ipython(), '_gpuctx'))")
+        assert "not loaded" not in gone.text and gone.stdout.strip() == "False", gone.text
     finally:
         stop(km, kc)
 

@@ -281,6 +281,12 @@ class Jax(Framework):
             return "jax is not imported"
         return None if self._gpus() else "JAX has no GPU backend (install jax[cuda13])"
 
+    def initialized(self):
+        """Whether JAX has started a GPU backend, asked without starting one (jax.devices() would,
+        and by JAX's defaults preallocate 75% of every visible GPU)."""
+        backends = getattr(sys.modules.get("jax._src.xla_bridge"), "_backends", None)
+        return isinstance(backends, dict) and any(k in ("cuda", "gpu", "rocm") for k in backends)
+
     def device_count(self):
         return len(self._gpus())
 
@@ -297,6 +303,17 @@ class Jax(Framework):
     def default_device(self):
         dev = self.mod.config.jax_default_device if self.mod else None
         return None if dev is None else str(dev)
+
+
+NOT_STARTED = "imported; its GPU backend starts at its first use"
+
+
+def reason_without_starting(fw: Framework) -> str | None:
+    """gpu_reason() for what only reports or gives back (%gpu status, %gpu doctor, %gpu free, the
+    server's release request on the control thread): JAX's backend is not started to be asked."""
+    if fw is JAX and fw.loaded() and not fw.initialized():
+        return NOT_STARTED
+    return fw.gpu_reason()
 
 
 TORCH, CUPY, NUMBA, JAX = Torch(), CuPy(), Numba(), Jax()

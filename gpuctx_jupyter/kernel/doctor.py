@@ -133,10 +133,12 @@ def _count_findings(inv: Inventory) -> list[Finding]:
     out = []
     want = len(inv.devices)
     for fw in fws.loaded():
-        reason = fw.gpu_reason()
+        if fw is fws.TORCH and not getattr(fw.mod.version, "cuda", None):
+            continue  # a CPU-only build: one finding, above
+        reason = fws.reason_without_starting(fw)
         if reason:
             if inv.devices:
-                out.append(Finding(WARN, fw.name, reason))
+                out.append(Finding(INFO if reason == fws.NOT_STARTED else WARN, fw.name, reason))
             continue
         n = fw.device_count()
         if n is not None and n != want:

@@ -75,14 +75,30 @@ def _at_kernel_start(ip) -> bool:
 def _let_the_notebook_load_quietly(ip) -> None:
     """A notebook's own `%load_ext gpuctx` in a kernel that loaded gpuctx at its start prints
     nothing: before a cell with that line, IPython is told gpuctx is not loaded, so the line calls
-    load() (idempotent) instead of saying "already loaded"; it counts as loaded again after it,
-    so `%unload_ext gpuctx` works whichever way gpuctx was loaded."""
-    def quietly(info=None):
+    load() (idempotent) instead of saying "already loaded"; it counts as loaded again after it —
+    also where the line did not run (an error before it, an `if`) — so that `%unload_ext gpuctx`
+    works whichever way gpuctx was loaded."""
+    told = []
+
+    def loaded_set():
         loaded = getattr(getattr(ip, "extension_manager", None), "loaded", None)
-        if isinstance(loaded, set) and "gpuctx" in loaded and _LOAD_LINE.search(getattr(info, "raw_cell", "") or ""):
+        return loaded if isinstance(loaded, set) else None
+
+    def quietly(info=None):
+        loaded = loaded_set()
+        if loaded is not None and "gpuctx" in loaded and _LOAD_LINE.search(getattr(info, "raw_cell", "") or ""):
             loaded.discard("gpuctx")
+            told.append(True)
+
+    def after(result=None):
+        loaded = loaded_set()
+        if told and loaded is not None and state.of(ip) is not None:  # (still loaded: not unloaded in the cell)
+            loaded.add("gpuctx")
+        told.clear()
+
     ip.events.register("pre_run_cell", quietly)
-    setattr(ip, _QUIET_ATTR, quietly)
+    ip.events.register("post_run_cell", after)
+    setattr(ip, _QUIET_ATTR, (quietly, after))
 
 
 def unload(ip) -> None:
@@ -91,9 +107,10 @@ def unload(ip) -> None:
         return
     ip.events.unregister("pre_run_cell", st.before_cell)
     ip.events.unregister("post_run_cell", st.after_cell)
-    quietly = ip.__dict__.pop(_QUIET_ATTR, None)
-    if quietly is not None:
-        ip.events.unregister("pre_run_cell", quietly)
+    quiet = ip.__dict__.pop(_QUIET_ATTR, None)
+    if quiet is not None:
+        ip.events.unregister("pre_run_cell", quiet[0])
+        ip.events.unregister("post_run_cell", quiet[1])
     start.unhook_kernel_info(ip)
     st.warmer.stop()  # (a step under way ends on its own; none follows it)
     GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)

@@ -88,7 +88,11 @@ def register(ip, state, on_adopt=None) -> None:
                 content = answer(parent.get("content") or {})
             except Exception as exc:  # the answer must come, whatever happens
                 content = {"status": "error", "message": f"{type(exc).__name__}: {exc}"}
-            kernel.session.send(stream, reply_type, content, parent, ident)
+            try:
+                kernel.session.send(stream, reply_type, content, parent, ident)
+            except (TypeError, ValueError) as exc:  # content the packer cannot write: say so instead
+                kernel.session.send(stream, reply_type, {"status": "error", "message": f"the answer could not be "
+                                                         f"sent: {type(exc).__name__}: {exc}"}, parent, ident)
         return handle
 
     def gpu_question(_content):

@@ -212,6 +212,9 @@ class GpuMagics(Magics):
             return
         if args.wait:
             print("gpuctx warm-up: " + self.warmer.wait().summary())
+        elif device is None and (why := inventory.take().no_gpu_reason()):
+            print(f"gpuctx: no GPU is visible ({why}): warming the imports and the CPU side only, in the background "
+                  "(`%gpu status` shows progress)")
         else:
             print("gpuctx: warming up in the background (`%gpu status` shows progress)")
 
@@ -289,7 +292,10 @@ class GpuMagics(Magics):
             ordinal = self._resolve(args.spec, inv)[1].ordinal
         timer = _GpuTimer(ordinal) if args.time else None
         meter = _MemMeter(ordinal) if args.mem else None
-        with self.switcher.scoped(Choice(ordinal, default=args.default, source="%%on_gpu")):
+        with self.switcher.scoped(Choice(ordinal, default=args.default, source="%%on_gpu")) as applied:
+            if applied.errors:  # (on stdout: the cell runs all the same, as with `%gpu use`)
+                print(f"gpuctx: cuda:{ordinal} not switched to for " +
+                      "; ".join(f"{k}: {v}" for k, v in applied.errors.items()), flush=True)
             if timer:
                 timer.start()
             if meter:
@@ -326,19 +332,19 @@ class GpuMagics(Magics):
         __tracebackhide__ = True  # noqa: F841
         shell = self.shell
         code = shell.transform_cell(cell)
-        tree = shell.transform_ast(shell.compile.ast_parse(code))
-        last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
-            last = ast.Expression(tree.body.pop().value)
         filename = shell.compile.cache(code, shell.execution_count, raw_code=cell)
         try:
+            tree = shell.transform_ast(shell.compile.ast_parse(code, filename))
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr) and not code.rstrip().endswith(";"):
+                last = ast.Expression(tree.body.pop().value)
             body = shell.compile(tree, filename, "exec")
             expr = None if last is None else shell.compile(last, filename, "eval")
         except SyntaxError as exc:
             if "await" in str(exc):
                 raise UsageError("%%on_gpu cannot run top-level `await` yet: put the awaits in an async "
                                  "function and await it outside, or switch with `%gpu use` instead") from None
-            raise
+            raise exc.with_traceback(None) from None  # the cell's own line, as without %%on_gpu; no frames of ours
         exec(body, shell.user_ns)
         return None if expr is None else eval(expr, shell.user_ns)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 
@@ -327,10 +326,7 @@ def _jax_preallocated(oom: OomError, device) -> float | None:
     fraction = contract.jax_preallocation(os.environ)
     if fraction is None:
         return None
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    backends = getattr(bridge, "_backends", None)  # asking jax.devices() would start one
-    started = isinstance(backends, dict) and any(k in ("cuda", "gpu", "rocm") for k in backends)
-    return fraction if started or oom.framework == "jax" else None
+    return fraction if fws.JAX.initialized() or oom.framework == "jax" else None  # (asked without starting it)
 
 
 def _held_by_traceback(exc: BaseException | None, ordinal: int) -> int:

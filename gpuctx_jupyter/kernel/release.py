@@ -51,9 +51,11 @@ def release_memory(shell=None) -> Released:
     out = Released(cleared=drop_failure_references(shell))
     out.gc_collected = gc.collect()
     out.output_cache = _output_cache_bytes(shell)
-    loaded = [fw for fw in fws.loaded() if not fw.gpu_reason()]
+    reasons = {fw.name: fws.reason_without_starting(fw) for fw in fws.loaded()}  # (JAX's backend not started for it)
+    loaded = [fw for fw in fws.loaded() if not reasons.get(fw.name)]
     if not loaded:
-        out.no_gpu = "; ".join(fw.gpu_reason() for fw in fws.loaded()) or "no GPU framework is imported in this kernel"
+        out.no_gpu = "; ".join(f"{name}: {why}" if name == "jax" else why for name, why in reasons.items()
+                               ) or "no GPU framework is imported in this kernel"
         out.seconds = time.perf_counter() - t0
         return out
     inv = inventory.take()

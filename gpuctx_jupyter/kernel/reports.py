@@ -128,7 +128,7 @@ def status_report(inv: inventory.Inventory, switcher, warm, plan_lines: list[str
             rows.append([fw.name, state, "–", "–"])
             fw_data[fw.name] = {"state": state}
             continue
-        why = fw.gpu_reason()
+        why = fws.reason_without_starting(fw)
         if why:
             rows.append([fw.name, why, "–", "–"])
             fw_data[fw.name] = {"state": why}

@@ -9,11 +9,14 @@ until `%unload_ext gpuctx`.
 from __future__ import annotations
 
 import ast
+import logging
 import sys
 
 from ..core import frameworks as fws
 from .switching import WATCHED, PostImportHook, Switcher
 from .warm.scheduler import Warmer
+
+log = logging.getLogger("gpuctx")
 
 ATTR = "_gpuctx"
 
@@ -54,17 +57,20 @@ class KernelState:
             self._interrupting = False
             _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
-        torch = fws.TORCH
-        if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
-            self.cell_thread_device = (torch.current(), torch.default_device())
-        error = getattr(result, "error_in_exec", None)
-        if error is None:
-            return
-        from . import hints  # (with oom.py: read on a cell's first error, not at the kernel's start)
+        try:  # what follows adds to the cell's output; it never adds an error of its own
+            torch = fws.TORCH
+            if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
+                self.cell_thread_device = (torch.current(), torch.default_device())
+            error = getattr(result, "error_in_exec", None)
+            if error is None:
+                return
+            from . import hints  # (with oom.py: read on a cell's first error, not at the kernel's start)
 
-        hint = hints.hint_for(error)
-        if hint:
-            print(hint, file=sys.stderr)
+            hint = hints.hint_for(error)
+            if hint:
+                print(hint, file=sys.stderr)
+        except Exception as exc:  # noqa: BLE001 — a sticky CUDA error, an exception whose str() raises
+            log.debug("gpuctx: after the cell: %s: %s", type(exc).__name__, exc)
 
 
 class _Interrupted(ast.NodeTransformer):

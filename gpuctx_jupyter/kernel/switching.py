@@ -219,11 +219,12 @@ class Switcher:
         for fw in self._loaded():
             if fw.gpu_reason():
                 continue
-            # A framework imported inside the block goes back to the kernel's choice (or 0).
+            # A framework imported inside the block goes back to the kernel's choice (or 0, its own
+            # default: without a choice the block's device would stay the notebook's from then on).
             target = saved.get(fw.name)
             if target is None:
-                target = self.choice.ordinal if self.choice else None
-            if target is None or fw.current() == target:
+                target = self.choice.ordinal if self.choice else 0
+            if fw.current() == target:
                 continue
             try:
                 fw.set_current(target)
