@@ -54,6 +54,18 @@ def test_nspid_outer_pids_match_what_nvml_reports_from_the_host(tmp_path):
     assert describe(GpuProcess(80013, GIB, "compute"), by_pid)["kernel"]["id"] == "k1"
 
 
+def test_a_kernels_own_pid_names_a_process_of_the_server_only_within_its_tree(tmp_path):
+    """The process a checkpoint acts on: the PID a kernel gives (its own namespace's, or ours) is
+    mapped to the server's PID of that process where it is the launched process or below it, and
+    to nothing otherwise."""
+    (tmp_path / "13").mkdir()
+    (tmp_path / "13" / "status").write_text("Name:\tpython\nNSpid:\t13\t2\n")  # the kernel, PID 2 inside
+    children = lambda pid: [13] if pid == 12 else []  # noqa: E731 — a wrapper (12) started the kernel (13)
+    assert attribution.host_pid(13, 12, children, proc=str(tmp_path)) == 13
+    assert attribution.host_pid(2, 12, children, proc=str(tmp_path)) == 13  # said in its own namespace
+    assert attribution.host_pid(1, 12, children, proc=str(tmp_path)) is None  # another process of the machine
+
+
 def test_the_pid_a_kernel_reports_is_matched_as_given():
     pids = kernel_pids(None, 31337, no_children)  # a kernel the server did not launch (gateway)
     assert pids == {31337}

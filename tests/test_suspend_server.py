@@ -328,6 +328,34 @@ async def test_culling_never_takes_a_kernel_the_user_is_resuming_or_has_just_res
     assert kid in jp_serverapp.kernel_manager and culler.culled == []
 
 
+async def test_a_kernel_that_names_another_process_as_itself_gets_nothing_checkpointed(
+        jp_fetch, jp_serverapp, fake, gpuctx):
+    """What a kernel says its PID is (its notebook's code can make it say anything) must not choose
+    the process a checkpoint helper acts on: another process of the machine, which the server (as
+    root, say) could reach, is named and refused, and nothing is suspended."""
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        fake.start_cuda(other.pid)  # a process that uses the GPU, not the kernel's
+        kid, pid = await start(jp_fetch, jp_serverapp, fake, "liar.ipynb")
+        kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+        gpuctx.gpu.held[pid] = 4 * GIB
+        await arun(kernel, "import gpuctx_jupyter.kernel.kernel_view as _kv\n_real = _kv.report\n"
+                           f"_kv.report = lambda state: dict(_real(state), pid={other.pid})\n"
+                           f"get_ipython()._gpuctx.suspend.pid = {other.pid}")
+        assert (await jp_fetch("gpuctx", "api", "kernels", kid)).code == 200  # its answer names the other one
+        code, answer = await post(jp_fetch, kid, "suspend")
+        assert code == 409 and f"the kernel reports pid {other.pid}, which is not among this kernel's processes" \
+            in answer["message"], answer
+        assert fake.state(other.pid) == 0 and fake.state(pid) == 0
+        assert (await arun(kernel, "print(1 + 1)")).stdout.strip() == "2"  # it runs as before
+    finally:
+        other.kill()
+        other.wait()
+
+
 async def test_the_holders_round_goes_on_while_culling_suspends_a_kernel(jp_fetch, jp_serverapp, fake, gpuctx):
     """A suspend takes about a minute for a full H200 (900 s if the driver hangs): the round that
     started it goes on, writing the holders file and feeding the pressure release meanwhile."""

@@ -449,6 +449,16 @@ def test_a_cell_that_starts_before_a_scheduled_warm_up_begins_is_not_forgotten()
     assert w.wait(30).state == "done"
     assert w.user_gpu and w.status.first_cell_overlap is not None, w.status
     assert "your first cell waited for it at most" in w.status.summary()
+    # a later plan (typed cells) beside a later cell: that cell is not "your first cell"
+    import threading
+
+    reading = threading.Event()
+    assert w.start_plan(lambda: (reading.wait(30), plans.imports_only([]))[1], source="typed cells")
+    w.cell_started("pass")  # while the plan is being read
+    w.cell_finished()
+    reading.set()
+    w.wait(30)
+    assert "the first cell beside it waited for it at most" in w.status.summary(), w.status
 
 
 def test_a_warm_up_thread_ending_leaves_the_next_ones_plans_alone(monkeypatch):

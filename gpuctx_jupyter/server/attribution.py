@@ -106,6 +106,21 @@ def proc_children(pid: int, proc: str = PROC) -> list[int]:
     return procs.children(pid, proc)
 
 
+def host_pid(pid: int, root: int, children: Callable[[int], Iterable[int]], proc: str = PROC) -> int | None:
+    """`pid` as this server's PID namespace knows it, where it is `root` or one of its descendants —
+    given in ours, or in the kernel's own namespace (NSpid) — else None. What a kernel says its PID
+    is decides nothing on its own: the process a checkpoint helper acts on comes from here."""
+    tree, todo = set(), [root]
+    while todo:
+        p = todo.pop()
+        if p not in tree:
+            tree.add(p)
+            todo.extend(children(p))
+    if pid in tree:
+        return pid
+    return next((p for p in sorted(tree) if pid in ns_pids(p, proc)), None)
+
+
 def kernel_pids(pid: int | None, reported: int | None, children: Callable[[int], Iterable[int]],
                 proc: str = PROC) -> frozenset[int]:
     """Every PID under which NVML may list a kernel's GPU memory.

@@ -237,7 +237,7 @@ class SuspendManager:
             raise Refused(409, "it holds no GPU memory: there is nothing to suspend")
         self._check_host(local, total)
         token = uuid.uuid4().hex
-        pid, released = await self._consent(kernel, token, pids)
+        pid, released = await self._consent(kernel, token, local, pids)
         try:  # read again: its cache went back on consent, a warm-up step it waited for may have added
             inv = await self.read_inventory()
             before = held_by(inv, pids) or before
@@ -290,8 +290,10 @@ class SuspendManager:
                                "(c.GpuctxServer.suspend_host_reserve_gib): free host memory, or suspend a notebook "
                                "that holds less")
 
-    async def _consent(self, kernel, token: str, pids: frozenset[int]) -> tuple[int, int]:
-        """The kernel's consent: its pid, and the bytes of allocator cache it gave back first."""
+    async def _consent(self, kernel, token: str, local: int, pids: frozenset[int]) -> tuple[int, int]:
+        """The kernel's consent: its pid in this server's namespace (the process the server launched or
+        one of its descendants: never one the kernel merely names), and the bytes of allocator cache
+        it gave back first."""
         timeout, until = self.cfg.kernel_query_timeout + CONSENT_SLACK_S, time.monotonic() + WARMUP_WAIT_S
         try:
             while True:  # a warm-up's step or import under way ends within seconds: the suspend waits
@@ -312,10 +314,11 @@ class SuspendManager:
             raise Refused(409, "this kernel's gpuctx is older than the server's and cannot resume itself: restart it")
         if content.get("status") != "ok":
             raise Refused(409, f"not now: {content.get('message') or 'the kernel refused'}")
-        pid = content.get("pid")
-        if not isinstance(pid, int) or pid not in pids:
+        said = content.get("pid")
+        pid = attribution.host_pid(said, local, attribution.child_table()) if isinstance(said, int) else None
+        if pid is None:
             await self._tell(kernel, {"token": token, "ok": False})
-            raise Refused(409, f"the kernel reports pid {pid}, which is not among this kernel's processes "
+            raise Refused(409, f"the kernel reports pid {said}, which is not among this kernel's processes "
                                f"({', '.join(map(str, sorted(pids)))}): not suspended")
         released = content.get("released_cache")
         return pid, released if isinstance(released, int) and released > 0 else 0

@@ -112,7 +112,8 @@ class Warmer:
             self._pending, self._exiting = None, False
             overlap = self.status.first_cell_overlap if scheduled else None
             self.status = WarmState(state="running", source=source, device=device, phase="reading the plan",
-                                    started=time.monotonic(), first_cell_overlap=overlap)
+                                    started=time.monotonic(), first_cell_overlap=overlap,
+                                    after_cells=not scheduled and self._cells_started > 0)
             self._under_way.clear()
             if not scheduled:
                 self._cell_started, self._user_gpu = None, False
@@ -240,8 +241,7 @@ class Warmer:
         return self.status
 
     def plan_lines(self) -> list[str]:
-        """The plan for `%gpu status`: a header, one line per step (with the notebook line that
-        asked for it), then notes; empty when no plan was made."""
+        """`%gpu status`'s plan: a header, a line per step (and the notebook line asking), notes."""
         return self.plan.lines() if self.plan is not None else []
 
     # -- cell events ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ class WarmState:
     started: float | None = None  # time.monotonic()
     finished: float | None = None
     first_cell_overlap: float | None = None  # how long the first cell ran while warm-up was busy
+    after_cells: bool = False  # started after cells of the user's had run (typed cells): not "your first cell"
     cell_waits: str = ""  # the warm-up's import that the cell starting now waits for (it may need it)
 
     @property
@@ -40,7 +41,8 @@ class WarmState:
             text += f": {self.detail}" if self.state in ("skipped", "failed") else f"; {self.detail}"
         text += by
         if self.first_cell_overlap is not None:
-            text += f"; your first cell waited for it at most {self.first_cell_overlap:.2f} s"
+            who = "the first cell beside it" if self.after_cells else "your first cell"
+            text += f"; {who} waited for it at most {self.first_cell_overlap:.2f} s"
         return text
 
     def as_dict(self) -> dict:
