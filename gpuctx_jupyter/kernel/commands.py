@@ -116,8 +116,10 @@ COMMANDS: tuple[Command, ...] = (
          arg("--no-default", action="store_true", help="stop sending device-less tensors to the GPU")],
         arg("--no-threads", action="store_true", help="do not carry the device into threads started from now on")]),
     _command("on_gpu", "run one cell on a GPU, then put the previous device back", [
-        ("%%on_gpu 1", "run one cell with `cuda:1` current, then restore the previous device, also when the "
-                       "cell raises or is interrupted; a `%gpu use` in the cell chooses the device it ends on"),
+        ("%%on_gpu 1", "run one cell with `cuda:1` current, then restore the previous device (a framework the "
+                       "cell imported goes to the kernel's device, else cuda:0), also when the cell raises or is "
+                       "interrupted; a `%gpu use` in the cell chooses the device it ends on; a framework that could "
+                       "not switch is named in the cell's output"),
         ("%%on_gpu 1 --default --time --mem", "... with device-less tensors on `cuda:1`, and a line reporting "
                                               "wall time, GPU time (CUDA events) and peak/net allocator memory"),
         ("%%on_gpu all", "run the cell on every worker of `%gpu workers` at once: output grouped per rank and "
