@@ -9,10 +9,10 @@ crashed it on the H200 (scripts/checkpoint_probe.py, calls_while_suspended). So 
   kernel_view with `Gate.prepare`), or refuses: while a request that may run the user's code is in
   flight in any shell thread (the main shell's, or one of ipykernel 7's subshells': each thread
   counts on its own), while a warm-up step or import is under way (a warm-up waiting for its turn
-  is given up, and goes on once the kernel runs again), while it has data-parallel workers (`%gpu workers`: processes of their own, joined by NCCL), when it
-  uses GPU memory another process shared with it (CUDA IPC: the driver could not restore such a
-  process); consenting, it gives its allocators' cache back to the GPU, so that only what it
-  holds moves;
+  is given up, and goes on once the kernel runs again), while it has data-parallel workers
+  (`%gpu workers`: processes of their own, joined by NCCL), when it uses GPU memory another process
+  shared with it (CUDA IPC: the driver could not restore such a process); consenting, it gives its
+  allocators' cache back to the GPU, so that only what it holds moves;
 - from its consent on, restores itself before every shell request that may run the user's code —
   a cell from any frontend, a widget's comm message, a completion, an inspection — in ipykernel's
   `should_handle`, which every shell request passes (`Gate.before`); kernel_info, history,

@@ -79,7 +79,8 @@ class CellsHandler(GpuctxHandler):
         except RecursionError:
             raise self._refuse(400, "the body is JSON nested too deeply") from None
         except ValueError:  # (an integer of more than 4300 digits: Python's conversion limit)
-            raise self._refuse(400, 'the body holds a number too long to read: send {"cells": ["<source>", ...]}') from None
+            raise self._refuse(400, 'the body holds a number too long to read: '
+                                    'send {"cells": ["<source>", ...]}') from None
         try:
             return check_cells(content)
         except TooLarge as exc:
