@@ -183,6 +183,16 @@ def test_gpu_lost_on_one_of_two_devices(monkeypatch):
     assert (1, "GetUtilizationRates") not in machine.calls  # no more queries to a lost GPU
 
 
+def test_a_process_with_compute_and_graphics_contexts_counts_once(monkeypatch):
+    """CUDA-GL interop (a renderer, a simulator) or a workstation's display: NVML lists the
+    process in both lists, each with all its memory; summed, every figure of it doubled."""
+    FakeMachine(monkeypatch, {0: h200("GPU-aaaa", "0000:18:00.0", GetGraphicsRunningProcesses=[
+        SimpleNamespace(pid=42, usedGpuMemory=600 * MIB), SimpleNamespace(pid=7, usedGpuMemory=None)])})
+    (record,) = nvml.read_records()
+    assert record.processes == (nvml.GpuProcess(42, 600 * MIB, "compute+graphics"),
+                                nvml.GpuProcess(7, None, "graphics"))
+
+
 def test_link_counters_pcie_in_bytes_and_nvlink_summed_over_the_active_links(monkeypatch):
     nvml._active_links.clear()
 

@@ -21,7 +21,7 @@ class GpuProcess:
 
     pid: int
     used_memory: int | None  # bytes; None where the driver does not say (e.g. WDDM)
-    kind: str  # "compute" or "graphics"
+    kind: str  # "compute", "graphics" or "compute+graphics" (listed by NVML as both)
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,21 @@ class _Reader:
             return None
 
 
+def _one_per_process(listed) -> tuple[GpuProcess, ...]:
+    """NVML lists a process with both a compute and a graphics context (CUDA-GL interop, a
+    workstation's display) in both lists, each with all its memory: one entry, "compute+graphics",
+    its memory once."""
+    out: dict[int, GpuProcess] = {}
+    for p in listed:
+        seen = out.get(p.pid)
+        if seen is None:
+            out[p.pid] = p
+        elif seen.kind != p.kind:
+            used = max((m for m in (seen.used_memory, p.used_memory) if m is not None), default=None)
+            out[p.pid] = GpuProcess(p.pid, used, "compute+graphics")
+    return tuple(out.values())
+
+
 def _read_device(
     nv: ModuleType,
     handle,
@@ -156,7 +171,7 @@ def _read_device(
     temperature = read(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU)
     power = read(nv.nvmlDeviceGetPowerUsage)
     limit = read(nv.nvmlDeviceGetEnforcedPowerLimit)
-    processes = tuple(
+    processes = _one_per_process(
         GpuProcess(pid=p.pid, used_memory=p.usedGpuMemory, kind=kind)
         for kind, query in (
             ("compute", nv.nvmlDeviceGetComputeRunningProcesses),

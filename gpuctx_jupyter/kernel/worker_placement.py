@@ -102,7 +102,7 @@ def check_free(gpus, inv: inventory.Inventory) -> None:
     def foreign(dev):
         for p in dev.record.processes:
             holder = by_pid.get(p.pid)
-            if p.pid not in mine and p.kind == "compute" and not (holder is not None and holder.standby):
+            if p.pid not in mine and "compute" in p.kind and not (holder is not None and holder.standby):
                 return p, holder
         return None
 
