@@ -132,6 +132,20 @@ def test_no_gpu_or_a_snapshot_without_a_time_adds_nothing():
     assert history.window(60)["gpus"] == {}
 
 
+def test_past_the_cap_a_new_gpu_is_kept_and_the_longest_silent_goes():
+    """MIG instances made again get new UUIDs: once MAX_SERIES of them were seen, the series just
+    made (no row yet, so 'sampled longest ago') was the one forgotten, and no new GPU had a history."""
+    clock = Clock()
+    history = GpuHistory(3600, clock=clock)
+    for n in range(hist.MAX_SERIES):
+        clock.t = T0 + n
+        history.add_snapshot(snapshot(clock.t, uuid=f"MIG-{n}"))
+    clock.t = T0 + hist.MAX_SERIES
+    assert history.add_snapshot(snapshot(clock.t, uuid="MIG-new"))
+    gpus = history.window(3600)["gpus"]
+    assert "MIG-new" in gpus and "MIG-0" not in gpus and len(gpus) == hist.MAX_SERIES
+
+
 def test_the_host_and_the_links_have_series_of_their_own():
     clock = Clock()
     history = GpuHistory(3600, clock=clock)

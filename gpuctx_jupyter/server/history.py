@@ -355,8 +355,11 @@ class GpuHistory:
 
 
 def _forget_stalest(series: dict[str, Series]) -> None:
+    """Past MAX_SERIES, the series sampled longest ago go (the one just made, which has no row yet
+    and is what is being sampled now, is never one of them: MIG instances made again get new UUIDs)."""
+    newest = next(reversed(series))
     while len(series) > MAX_SERIES:
-        stalest = min(series, key=lambda k: series[k].newest() or 0.0)
+        stalest = min((k for k in series if k != newest), key=lambda k: series[k].newest() or 0.0)
         del series[stalest]
 
 
