@@ -402,6 +402,25 @@ async def test_automatic_release_idle_after_and_after_an_out_of_memory_error():
     assert await pressured(roomy, [idle], held) == ["k1"]
     await pressured.background.drain()
     assert asked == ["k1"] and pressured.history[0]["why"] == "a notebook ran out of memory on cuda:0"
+    # pressure_action = "suspend": what runs short is suspended; release_idle_after still only releases
+    suspended = []
+
+    async def suspend_kernel(kid):
+        suspended.append(kid)
+        return {"status": "ok", "released_total": 10 * GIB}
+
+    asked.clear()
+    both = PressureRelease(0.05, 300, 3600, suspend_kernel, clock=clock, action="suspend",
+                           idle_release=release_kernel)
+    assert await both(roomy, [idle], held) == ["k1"]
+    await both.background.drain()
+    assert (asked, suspended) == (["k1"], []) and both.history[0]["action"] == "release"
+    clock.now += 10  # active again, then idle on a GPU that runs short: suspended
+    pressed = replace(idle, last_activity=clock.now - 400)
+    short = inventory_with({1: 10 * GIB}, used=135 * GIB)  # < 5% of the GPU free
+    assert await both(short, [pressed], held) == ["k1"]
+    await both.background.drain()
+    assert suspended == ["k1"] and both.history[-1]["action"] == "suspend"
 
 
 class Log:

@@ -272,6 +272,22 @@ def test_workers_end_with_the_extension_and_their_kernel_on_restart_and_on_sigki
         kernels.stop(km, kc)
 
 
+def test_workers_that_do_not_register_in_time_are_a_one_line_error_and_leave_nothing(tmp_path):
+    """c.GpuWorkers.start_timeout spent (a queue that does not start them, a controller out of
+    reach): since Python 3.11 the wait's own timeout was taken for the 0.2 s poll's, and the start
+    spun at 100% of a core until interrupted."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx\n%config GpuWorkers.start_timeout = 0.5").reply["status"] == "ok"
+        before = {p.pid for p in tree(kernel_pid(kc))}
+        r = run(kc, START, timeout=120)
+        assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError", r.text
+        assert "\n" not in r.reply["evalue"], r.reply["evalue"]
+        wait_for(lambda: {p.pid for p in tree(kernel_pid(kc))} <= before, timeout=60)
+    finally:
+        kernels.stop(km, kc)
+
+
 def test_the_ddp_example_trains_on_two_gloo_workers_and_their_weights_agree(tmp_path):
     import nbformat
     from nbclient import NotebookClient

@@ -89,6 +89,10 @@ def test_a_different_count_gets_fresh_workers_and_stop_ends_prepared_ones(tmp_pa
             f"gpuctx: stopped the workers prepared for `{START}` and their ipyparallel controller")
         wait_for(lambda: gone(old), timeout=60)
         assert "were stopped by `%gpu workers stop`" in run(kc, "%gpu workers").text
+        # the notebook's plan carried out again (after a suspend that did not happen, say) names the
+        # line still: what the user stopped is not started again behind their back
+        again = run(kc, f"print(get_ipython()._gpuctx.workers.prepare_for({START.split('start ', 1)[1]!r}))")
+        assert again.stdout.strip() == "False" and workers_state(kc)["prepared"] is None, again.text
     finally:
         kernels.stop(km, kc)
 

@@ -82,6 +82,7 @@ class Preparing(Configurable):
         self._prepare_thread: threading.Thread | None = None
         self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
         self.fork_note = ""  # why the workers' imports done ahead were not used
+        self._asked_by_hand = False  # `%gpu workers start` or `stop` ran: no workers are prepared again
 
     def prepare_for(self, args: str, where: str = "") -> bool:
         """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
@@ -89,6 +90,8 @@ class Preparing(Configurable):
         running or prepared, or turned off)."""
         if not self.prepare:
             self.prepare_note = "not prepared ahead (c.GpuWorkers.prepare is off)"
+            return False
+        if self._asked_by_hand:  # (a plan carried out again, after a suspend, names the line still)
             return False
         with self._lock:
             if self.running or self.cluster is not None or self._prepare_thread is not None:

@@ -163,6 +163,7 @@ class GpuWorkers(Preparing):
                              "`%gpu workers stop` first")
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.start_timeout
+        self._asked_by_hand = True
         self._await_prepare()
         try:
             if profile:
@@ -201,6 +202,7 @@ class GpuWorkers(Preparing):
 
     def stop(self) -> str:
         """Stop every worker and the controller; what was stopped, in one line."""
+        self._asked_by_hand = True
         self._await_prepare()
         if not self.running and self.cluster is None:
             return "gpuctx: no workers are running"
@@ -332,12 +334,13 @@ class GpuWorkers(Preparing):
             try:
                 waiting.result(timeout=0.2)
                 return sorted(self.client.ids)
-            except concurrent.futures.TimeoutError:
-                pass
-            except TimeoutError:
-                raise UsageError(f"{len(self.client.ids)} of {n} workers started within {self.start_timeout:g} s "
-                                 f"(c.GpuWorkers.start_timeout): {self._last_words() or 'no word from the others'}"
-                                 ) from None
+            except concurrent.futures.TimeoutError:  # (since 3.11 the built-in one: the poll's, or the wait's own)
+                if waiting.done():
+                    raise UsageError(f"{len(self.client.ids)} of {n} workers started within {self.start_timeout:g} s "
+                                     f"(c.GpuWorkers.start_timeout): "
+                                     f"{self._last_words() or 'no word from the others'}") from None
+            except Exception as exc:  # ipyparallel's EngineError: a worker stopped before it registered
+                raise UsageError(one_line(self._launcher_failure() or f"{type(exc).__name__}: {exc}")) from None
             failed = self._launcher_failure()
             if failed:
                 raise UsageError(one_line(failed))

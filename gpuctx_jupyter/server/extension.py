@@ -124,7 +124,7 @@ def load(serverapp) -> Server:
                                        suspend.pressure(lifecycle.actions) if cfg.pressure_action == "suspend"
                                        else release_kernel, pool.evict if pool else None, log=log,
                                        recent_oom=lambda ordinal: holders.oom_within(ordinal, OOM_RELEASE_S),
-                                       action=cfg.pressure_action, background=background)
+                                       action=cfg.pressure_action, background=background, idle_release=release_kernel)
     culler = GpuCuller(cfg.cull_idle_gpu_kernels_after,
                        suspend.culling(lifecycle.actions) if cfg.cull_idle_gpu_kernels_action == "suspend"
                        else mkm.shutdown_kernel, log=log, warning_s=cfg.cull_warning_seconds,

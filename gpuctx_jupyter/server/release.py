@@ -13,7 +13,8 @@ first (`pool.evict(ordinal)`), then the caches of this server's kernels on it th
 (no user activity) for release_idle_seconds; with release_idle_after set, any kernel idle that long
 has its cache released whatever the pressure. A kernel is released once per idle stretch: again
 only after it has been active since. With c.GpuctxServer.pressure_action = "suspend" the idle
-kernels are suspended instead (`release_kernel` is then suspend.py's, `action` says so). Each
+kernels on a GPU that runs short are suspended instead (`release_kernel` is then suspend.py's,
+`action` says so); release_idle_after still only releases caches (`idle_release`). Each
 release or suspend runs as a background task of its own (one per kernel at a time), so the round
 goes on at once — a suspend takes about a minute for a full H200 — and one that fails (the kernel
 shut down since the round began) is an answer like any other: `{"status": "error", "reason"}`,
@@ -54,13 +55,15 @@ class PressureRelease:
     def __init__(self, below_free_fraction: float, idle_seconds: float, idle_after: float,
                  release_kernel: ReleaseKernel, evict: Evict | None = None, clock=time.time, log=None,
                  min_cache: int = 64 * 2**20, recent_oom: Callable[[int], bool] | None = None,
-                 action: str = "release", background: Background | None = None):
+                 action: str = "release", background: Background | None = None,
+                 idle_release: ReleaseKernel | None = None):
         self.below, self.idle_seconds, self.idle_after = below_free_fraction, idle_seconds, idle_after
         self.release_kernel, self.evict, self.clock, self.log = release_kernel, evict, clock, log
         self.min_cache = min_cache
         self.recent_oom = recent_oom  # ordinal -> a kernel of this server ran out of memory there lately
         self._evicted_at: dict[int, float] = {}  # ordinal -> when standbys were last evicted there
         self.action = action  # or "suspend" (c.GpuctxServer.pressure_action): what release_kernel does
+        self.idle_release = idle_release or release_kernel  # release_idle_after's: a cache release, whatever `action`
         self.released: dict[str, float | None] = {}  # kernel id -> its last_activity when released
         self.history: list[dict] = []  # what was released, newest last (bounded)
         self.background = background or Background(log)  # the extension's: awaited at server shutdown
@@ -99,26 +102,27 @@ class PressureRelease:
                         await result
                 except Exception as exc:  # noqa: BLE001
                     self._log("warning", "gpuctx: evicting standbys from cuda:%s failed: %s", ordinal, exc)
-        reasons: dict[str, str] = {}
+        reasons: dict[str, tuple[str, str]] = {}  # kernel id -> (why, what is done: release or suspend)
         for h in holders:
             on = held.get(h.id, {})
             if not on:
                 continue
             pressured = [o for o in on if o in short]
             if pressured and self._due(h, now, self.idle_seconds):
-                reasons[h.id] = why_short[pressured[0]]
+                reasons[h.id] = (why_short[pressured[0]], self.action)
             elif self.idle_after > 0 and self._due(h, now, self.idle_after):
-                reasons[h.id] = f"idle longer than release_idle_after={self.idle_after:g} s"
+                reasons[h.id] = (f"idle longer than release_idle_after={self.idle_after:g} s", "release")
         started = []
         for h in holders:
             if h.id not in reasons:
                 continue
+            why, action = reasons[h.id]
             cached = [c for c in (h.cached(o) for o in held.get(h.id, {})) if c is not None]
-            if self.action == "release" and cached and sum(cached) < self.min_cache:
+            if action == "release" and cached and sum(cached) < self.min_cache:
                 self.released[h.id] = h.last_activity  # nothing worth asking for until it is active again
                 continue
-            if self.background.spawn_once(h.id, lambda h=h, why=reasons[h.id]: self._release(h, why, now),
-                                          f"{self.action} of kernel {h.id}"):
+            if self.background.spawn_once(h.id, lambda h=h, why=why, act=action: self._release(h, why, now, act),
+                                          f"{action} of kernel {h.id}"):
                 self.released[h.id] = h.last_activity
                 started.append(h.id)
         live = {h.id for h in holders}
@@ -126,22 +130,22 @@ class PressureRelease:
             del self.released[gone]
         return started
 
-    async def _release(self, h: Holder, why: str, now: float) -> None:
+    async def _release(self, h: Holder, why: str, now: float, action: str) -> None:
         try:
-            answer = await self.release_kernel(h.id)
+            answer = await (self.release_kernel if action == self.action else self.idle_release)(h.id)
         except Exception as exc:  # noqa: BLE001 — e.g. shut down since the round began: an answer, logged below
             answer = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"}
         entry = {"kernel_id": h.id, "label": h.label(), "why": why, "time": now,
-                 "idle_s": h.idle_at(now, now), "action": self.action,
+                 "idle_s": h.idle_at(now, now), "action": action,
                  **{k: answer.get(k) for k in ("status", "released_total", "reason")}}
         self.history = (self.history + [entry])[-50:]
-        what = "of cached GPU memory in" if self.action == "release" else "of GPU memory by suspending"
+        what = "of cached GPU memory in" if action == "release" else "of GPU memory by suspending"
         if answer.get("status") == "ok":
             self._log("info", "gpuctx: released %s %s %s (kernel %s, idle %s s): %s",
                       gib(answer.get("released_total")), what, h.label(), h.id, int(entry["idle_s"] or 0), why)
         else:
             self._log("warning", "gpuctx: could not %s %s (kernel %s): %s",
-                      "release the cache of" if self.action == "release" else "suspend", h.label(), h.id,
+                      "release the cache of" if action == "release" else "suspend", h.label(), h.id,
                       answer.get("reason"))
 
     def _log(self, level: str, *args) -> None:
