@@ -88,6 +88,38 @@ def test_output_is_shown_per_rank_while_the_cell_runs(workers_kernel, tmp_path):
     wait_idle(kc, msg_id)
 
 
+def test_a_long_log_is_shown_by_its_last_lines_while_the_cell_runs_and_whole_at_its_end():
+    """The per-rank display is sent again at every refresh (10 a second): a training loop's log on
+    8 ranks was the whole text each time, megabytes a second to the browser."""
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.kernel import worker_cells
+
+    log = "".join(f"step {i}\n" for i in range(1000))
+    ars = {r: SimpleNamespace(metadata={"stdout": log, "stderr": ""}) for r in range(8)}
+    chosen = [SimpleNamespace(rank=r, label=f"rank {r} · cpu") for r in range(8)]
+    groups = worker_cells.Groups(chosen, ars, shell=None)
+    streams = {r: groups._streams(r) for r in range(8)}
+    live, _ = groups._render(streams, final=False)
+    assert "step 999" in live and "step 959" not in live and "960 earlier lines (all shown when the cell ends)" in live
+    assert len(live) < len(log)  # all eight ranks together, less than one rank's whole log
+    whole, _ = groups._render(streams, final=True)
+    assert whole.count("step 0\n") == 8
+
+
+def test_in_a_terminal_a_last_line_without_its_newline_is_printed_once_the_cell_ends(capsys):
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.kernel import worker_cells
+
+    ars = {0: SimpleNamespace(metadata={"stdout": "epoch 1\nloss 0.25", "stderr": ""})}
+    groups = worker_cells.Groups([SimpleNamespace(rank=0, label="rank 0 · cpu")], ars, shell=None)
+    groups.refresh()
+    assert capsys.readouterr().out == "[rank 0] epoch 1\n"
+    groups.refresh(final=True)
+    assert capsys.readouterr().out == "[rank 0] loss 0.25\n"
+
+
 def test_all_reduce_gives_every_rank_the_sum_and_rank_0s_value_comes_back(workers_kernel):
     _, kc, _, _ = workers_kernel
     r = run(kc, "%%on_gpu all\nimport torch, torch.distributed as dist\n"

@@ -37,6 +37,7 @@ from .commands import one_line
 REFRESH_S = 0.1  # the live display is updated at most this often
 SHOW_AFTER_S = 2.0  # a cell that prints nothing gets its per-rank states shown after this long
 CSS_ERR = "background: var(--jp-rendermime-error-background, #fdd); margin: 0"
+LIVE_LINES = 40  # while the cell runs, each rank's last lines of each stream (all of them once it has ended)
 
 
 @dataclass
@@ -79,6 +80,13 @@ class RanksFailed(Exception):
         return lines
 
 
+def _tail(stream: str) -> str:
+    lines = stream.splitlines(keepends=True)
+    if len(lines) <= LIVE_LINES:
+        return stream
+    return f"… {len(lines) - LIVE_LINES} earlier lines (all shown when the cell ends)\n" + "".join(lines[-LIVE_LINES:])
+
+
 class Groups:
     """What each rank has printed, shown grouped per rank."""
 
@@ -99,14 +107,14 @@ class Groups:
 
     def refresh(self, final: bool = False) -> None:
         if not self.in_kernel:
-            self._print_new()
+            self._print_new(final)
             return
         self._republish()
         streams = {w.rank: self._streams(w.rank) for w in self.chosen}
         anything = any(any(s) for s in streams.values())
         if self.handle is None and not anything and (final or time.monotonic() - self.t0 < SHOW_AFTER_S):
             return
-        text, markup = self._render(streams)
+        text, markup = self._render(streams, final)
         if text == self.shown:
             return
         bundle = {"text/plain": text, "text/html": markup}
@@ -118,10 +126,14 @@ class Groups:
             self.handle.update(bundle, raw=True)
         self.shown = text
 
-    def _render(self, streams) -> tuple[str, str]:
+    def _render(self, streams, final: bool = True) -> tuple[str, str]:
+        """Every rank's output under its name. While the cell runs, each stream's last LIVE_LINES
+        lines: the display is sent again at every refresh, and a training loop's log on 8 ranks
+        would be megabytes a second over the kernel's channel."""
         text, parts = [], []
         for w in self.chosen:
-            out, err, result = streams[w.rank]
+            out, err, result = (streams[w.rank] if final else [_tail(x) for x in streams[w.rank][:2]]
+                                + [streams[w.rank][2]])
             head = f"── {w.label} · {self.states[w.rank]}"
             text.append(head)
             text += [s.rstrip("\n") for s in (out, err) if s]
@@ -148,15 +160,16 @@ class Groups:
                 publish_display_data(out.get("data", {}), out.get("metadata", {}))
             self.outputs[w.rank] = len(outputs)
 
-    def _print_new(self) -> None:
-        """A terminal: each rank's new text as it comes, every line prefixed with the rank."""
+    def _print_new(self, final: bool = False) -> None:
+        """A terminal: each rank's new text as it comes, every line prefixed with the rank (a last
+        line without its newline once the cell has ended)."""
         for w in self.chosen:
             for name, text in zip(("stdout", "stderr"), self._streams(w.rank)[:2], strict=True):
                 seen = self.printed.get((w.rank, name), 0)
                 new = text[seen:]
-                if "\n" not in new:
+                if "\n" not in new and not (final and new):
                     continue
-                complete = new[: new.rindex("\n") + 1]
+                complete = new if final else new[: new.rindex("\n") + 1]
                 self.printed[(w.rank, name)] = seen + len(complete)
                 stream = sys.stdout if name == "stdout" else sys.stderr
                 for line in complete.splitlines():
