@@ -145,10 +145,12 @@ def _import_all(stages: list[tuple[list[str], float]]) -> tuple[list[str] | None
                     failed.append(f"{name} ({type(exc).__name__})")
             end.set()
 
-    threading.Thread(target=run, name="gpuctx-worker-imports", daemon=True).start()
+    importing = threading.Thread(target=run, name="gpuctx-worker-imports", daemon=True)
+    importing.start()
     for (_, seconds), end in zip(stages, ended):
         if not end.wait(seconds):
             return None, [now[0], f"{seconds:.0f} s"]
+    importing.join(5.0)  # ended: a fork copies no thread of ours in the middle of anything
     return done, failed
 
 
