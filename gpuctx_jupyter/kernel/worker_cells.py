@@ -84,7 +84,8 @@ def _tail(stream: str) -> str:
     lines = stream.splitlines(keepends=True)
     if len(lines) <= LIVE_LINES:
         return stream
-    return f"… {len(lines) - LIVE_LINES} earlier lines (all shown when the cell ends)\n" + "".join(lines[-LIVE_LINES:])
+    earlier = f"… {len(lines) - LIVE_LINES} earlier lines (all shown when the cell ends)\n"
+    return earlier + "".join(lines[-LIVE_LINES:])
 
 
 class Groups:
@@ -132,8 +133,9 @@ class Groups:
         would be megabytes a second over the kernel's channel."""
         text, parts = [], []
         for w in self.chosen:
-            out, err, result = (streams[w.rank] if final else [_tail(x) for x in streams[w.rank][:2]]
-                                + [streams[w.rank][2]])
+            out, err, result = streams[w.rank]
+            if not final:
+                out, err = _tail(out), _tail(err)
             head = f"── {w.label} · {self.states[w.rank]}"
             text.append(head)
             text += [s.rstrip("\n") for s in (out, err) if s]
