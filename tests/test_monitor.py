@@ -97,6 +97,34 @@ def test_a_lost_gpu_shows_an_error_and_the_others_go_on():
         mon.close()
 
 
+def test_a_monitor_left_running_in_an_idle_kernel_that_holds_gpu_memory_pauses_and_resumes(shell):
+    """Its updates are comm messages, which jupyter_server counts as the kernel's activity: left
+    running, it kept a kernel holding GPU memory from ever being idle for the server's release and
+    culling. With no cell for its pause time it stops itself, says why, and resumes on its button;
+    a kernel that holds no GPU memory is never paused (a dashboard notebook watching others)."""
+    st = shell._gpuctx
+    watching = GpuMonitor(interval=0.05, sampler=Sampler(read=fake_read([h200(0, pids=(4242,))])))
+    mine = GpuMonitor(interval=0.05, sampler=Sampler(read=fake_read([h200(0, pids=(os.getpid(),))])))
+    try:
+        for mon in (watching, mine):
+            mon.pause_after, mon._resumed = 60.0, time.monotonic() - 120
+        st.last_cell = time.monotonic() - 120  # no cell for two minutes
+        assert wait_for(lambda: mine.paused)
+        status = html.unescape(mine.status.value)
+        assert "paused at" in status and "no cell has run for 1 min and this kernel holds 1.00 GiB of GPU memory" \
+            in status, status
+        assert mine.stop_button.description == "resume"
+        seen = watching.last_sample.t
+        assert wait_for(lambda: watching.last_sample.t > seen) and not watching.paused
+        last = mine.last_sample.t
+        mine._clicked(None)  # "resume"
+        assert not mine.paused and mine.stop_button.description == "stop"
+        assert wait_for(lambda: mine.last_sample.t > last) and not mine.paused  # (its pause time counts anew)
+    finally:
+        watching.close()
+        mine.close()
+
+
 def test_nvml_failing_mid_run_never_stops_the_sampler():
     calls = {"n": 0}
     good = fake_read([h200(0)])

@@ -1,13 +1,12 @@
 """The live GPU monitor inside a notebook, from stock ipywidgets (no custom JavaScript).
 
-Every monitor in a kernel shares the process's one sampler thread; a monitor only turns the
-sampler's reads into widget updates (comm messages, which flow while other cells run). `stop()`
-ends the updates and keeps the last frame on screen, saying "stopped"; `close()` also closes every
-widget of the monitor (children, layouts, styles), so nothing is left for the frontend to look up,
-and leaves in its place a static picture of its last frame (HTML and text, no widget): the same
-picture replaces a live monitor when its kernel shuts down or restarts. So a saved notebook
-reopens with the last picture, never with "Error displaying widget: model not found". The
-sampler stops with the last listener.
+Every monitor in a kernel shares the process's one sampler thread; a monitor turns its reads into
+widget updates (comm messages, which flow while other cells run). `stop()` ends the updates, the
+last frame kept, "stopped"; it pauses itself (PAUSE_AFTER_S: "resume" updates again) in a kernel that
+holds GPU memory and has run no cell for 20 min. `close()` also closes every widget of it, so none is
+left for the frontend to look up, and leaves a static picture of its last frame (HTML and text), as
+when its kernel shuts down or restarts: a saved notebook reopens with the picture, never with "Error
+displaying widget: model not found". The sampler stops with the last listener.
 
 The bars are HTML with `role="meter"` and their values for screen readers; the chart has its
 scales written on it (0–100 % on the left, 0 to the GPU's memory on the right, the time span
@@ -29,14 +28,20 @@ import uuid
 import weakref
 
 import ipywidgets as widgets
+from IPython import get_ipython
 
 from ..core import frameworks as fws
 from ..core import inventory
 from ..core.devices import SpecError, VisibleDevice, parse_spec
 from ..core.sampler import Point, Sample, Sampler, process_sampler
 from .render import gib, pct, temp, watts
+from .state import of as state_of
 
 _open: "weakref.WeakSet[GpuMonitor]" = weakref.WeakSet()
+# Updates are comm messages, which jupyter_server counts as the kernel's activity: in a kernel that holds
+# GPU memory a monitor pauses itself after this long without a cell, lest it never be idle to the server.
+PAUSE_AFTER_S = 1200.0
+STOP_TIP = "stop updating; the last frame stays"
 
 # The panel's colours (labextension/style/base.css); the fallbacks are the light theme's values.
 UTIL_COLOR = "var(--jp-brand-color1, #1976d2)"
@@ -250,13 +255,16 @@ class GpuMonitor(widgets.VBox):
         self.sampler = sampler or (Sampler(read=replay.read) if replay else process_sampler())
         self.sampler.history.seconds = max(self.sampler.history.seconds, self.window)
         self._lock = threading.Lock()  # updates come from the sampler thread, stop/close from the cell's
-        self.stopped = False
+        self.stopped = self.paused = False
+        self.pause_after = 0.0 if replay else PAUSE_AFTER_S
+        self._resumed = time.monotonic()
+        self._pids: set[int] = set()  # this kernel's processes, as the last sample saw them
         self.last_sample: Sample | None = None
         self._headline = ""  # the status line's first part, kept when the monitor stops
         self.status = widgets.HTML(self._header("gpuctx monitor · no sample yet"),
                                    layout=widgets.Layout(flex="1 1 auto"))
         # A fixed width let a long status line squeeze the label to "st…": size it to its text.
-        self.stop_button = widgets.Button(description="stop", tooltip="stop updating; the last frame stays",
+        self.stop_button = widgets.Button(description="stop", tooltip=STOP_TIP,
                                           layout=widgets.Layout(width="auto", min_width="5em", flex="0 0 auto"))
         self.stop_button.on_click(self._clicked)
         self.cards: dict[str, _Card] = {}
@@ -289,6 +297,32 @@ class GpuMonitor(widgets.VBox):
                 return  # a read that was already under way when the monitor stopped
             self.last_sample = sample
             self._show(sample)
+            why = self._idle_holder(sample)
+            if why:
+                self._halt()
+                self.paused = True
+                self.status.value = self._header(self._ended("paused") + html.escape(f" — {why}"), mark=True)
+                self.stop_button.description, self.stop_button.tooltip = "resume", "update again"
+
+    def _idle_holder(self, sample: Sample) -> str | None:
+        """Why it pauses now, if it does (PAUSE_AFTER_S)."""
+        st = state_of(get_ipython()) if self.pause_after else None
+        if st is None or st.cells_running or time.monotonic() - max(st.last_cell, self._resumed) < self.pause_after:
+            return None
+        held = sum(p.used_memory or 0 for d in sample.inventory.devices for p in d.record.processes
+                   if p.pid in self._pids)
+        return None if not held else (f"no cell has run for {self.pause_after / 60:g} min and this kernel holds {gib(held)} of GPU memory: "
+                "its updates would keep it from counting as idle (the server's release and culling)")
+
+    def resume(self) -> None:
+        """Update again after pausing itself."""
+        with self._lock:
+            if not self.paused:
+                return
+            self.stopped = self.paused = False
+            self._resumed = time.monotonic()
+            self._token = self.sampler.subscribe(self.update, self.interval)
+            self.stop_button.description, self.stop_button.tooltip = "stop", STOP_TIP
 
     def _show(self, sample: Sample) -> None:
         inv = sample.inventory
@@ -305,7 +339,7 @@ class GpuMonitor(widgets.VBox):
             return
         self.details.layout.display = "none"
         devices = wanted(self.specs, inv.devices)
-        pids = set() if self.replay else self._own.update(inv)
+        pids = self._pids = set() if self.replay else self._own.update(inv)
         self._headline = html.escape(f"gpuctx monitor · {len(devices)} GPU{'' if len(devices) == 1 else 's'}")
         self.status.value = self._header(
             self._headline + html.escape(f" · every {self.interval:g} s · last {self.window:g} s · {stamp}"))
@@ -337,8 +371,11 @@ class GpuMonitor(widgets.VBox):
                 f"<ul style='margin:2px 0'>{lis}</ul></details>")
 
     def _clicked(self, _button) -> None:
-        """The button does what it says: "stop" stops (as `stop()`), then "close" closes."""
-        if self.stopped:
+        """The button does what it says: "stop" stops (as `stop()`), then "close" closes; "resume"
+        (a monitor that paused itself) updates again."""
+        if self.paused:
+            self.resume()
+        elif self.stopped:
             self.close()
         else:
             self.stop()
@@ -354,8 +391,9 @@ class GpuMonitor(widgets.VBox):
     def stop(self) -> None:
         """Stop updating, and keep the last frame on screen, marked "stopped" (`close()` removes it)."""
         with self._lock:
-            if not self._halt():
+            if not self._halt() and not self.paused:
                 return
+            self.paused = False
             self.status.value = self._header(self._ended("stopped"), mark=True)
             self.stop_button.description = "close"
             self.stop_button.tooltip = "remove this stopped monitor"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import logging
 import sys
+import time
 
 from ..core import frameworks as fws
 from .switching import WATCHED, PostImportHook, Switcher
@@ -37,6 +38,8 @@ class KernelState:
         # here, not in os.environ: a fresh kernel has no such variable, and neither has this one)
         self.pooled: str | None = None
         self._interrupting = False  # this cell raises KeyboardInterrupt (_Interrupted), once
+        self.cells_running = 0  # cells of the user's running now (a monitor pauses in an idle kernel)
+        self.last_cell = time.monotonic()  # when the last cell ended (or gpuctx was loaded)
 
     def _warmup_starting_cuda(self) -> bool:
         """Whether the warm-up is in torch's lazy CUDA init right now (not merely running: a cell
@@ -45,6 +48,7 @@ class KernelState:
 
     # -- cell events (IPython's pre_run_cell / post_run_cell) -------------------------------------
     def before_cell(self, info=None) -> None:
+        self.cells_running += 1
         try:
             self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
         except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import
@@ -57,6 +61,7 @@ class KernelState:
             self._interrupting = False
             _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
+        self.cells_running, self.last_cell = max(0, self.cells_running - 1), time.monotonic()
         try:  # what follows adds to the cell's output; it never adds an error of its own
             torch = fws.TORCH
             if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
