@@ -33,7 +33,7 @@ def test_real_samples_and_this_kernel_marked_while_it_holds_memory():
         view = json.loads(r.stdout.strip().splitlines()[-1])
         assert "cuda:0" in view["title"] and "error" not in view["title"]
         used, total = memory_meter(view["meters"]).split(" / ")  # the memory bar's text: NVML's real figures
-        assert total.endswith(" GiB") and float(total.split()[0]) > 100
+        assert total.endswith(" GiB") and float(total.split()[0]) > 40  # (an H100: 79.6, an H200: 140)
         assert used.endswith(" GiB") and float(used.split()[0]) >= 1
         assert "◀ this kernel" in view["procs"]
         assert "torch: allocated 1.00 GiB" in view["numbers"]

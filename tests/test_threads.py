@@ -513,6 +513,26 @@ def test_numba_imported_by_the_warm_up_gets_the_device_in_the_cells_thread(follo
     assert numba.in_thread(threading.main_thread()) == [("set_current", 1)]
 
 
+def test_a_later_plan_warms_the_gpu_again_after_the_users_gpu_cell_has_ended():
+    """A GPU cell of the user's stops the plan under way from doing GPU work (two sets of library
+    handles); a later plan (typed cells) taken up by the same thread does its GPU work after that
+    cell, as one started afresh does: the flag was kept, and its GPU steps were all skipped."""
+    import threading
+
+    from gpuctx_jupyter.kernel.warm import plan as plans
+    from gpuctx_jupyter.kernel.warm.scheduler import Warmer
+
+    w, reading, seen = Warmer(), threading.Event(), []
+    assert w.start_plan(lambda: (reading.wait(30), plans.imports_only([]))[1])
+    w.cell_started("x = torch.ones(3, device='cuda')")  # while the first plan is read
+    w.cell_finished()
+    assert w.user_gpu
+    assert not w.replan(lambda previous: (seen.append(w.user_gpu), plans.imports_only([]))[1], "typed cells")
+    reading.set()
+    assert w.wait(30).state == "done" and w.status.source == "typed cells"
+    assert seen == [False]
+
+
 def test_report_names_live_threads_on_another_device(follow):
     sw, fw = follow()
     before = Parked("worker-1", fw)  # started before any choice

@@ -35,9 +35,9 @@ def without_framework(steps: list[Step]) -> list[Step]:
     budget, or left running past it), marked skipped: their recipes would import it themselves,
     past the import budget and outside the cells' turns (or wait on its import lock for good)."""
     for s in steps:
-        fw = fws.BY_NAME.get(s.framework)
-        if fw is not None and s.state == "planned" and not fw.loaded():
-            s.state, s.detail = "skipped", f"import {fw.module} did not complete"
+        fw = fws.BY_NAME.get(s.framework)  # (its package: numba.cuda is the Numba recipe's own import)
+        if fw is not None and s.state == "planned" and not fws.imported(fw.package):
+            s.state, s.detail = "skipped", f"import {fw.package} did not complete"
     return [s for s in steps if s.state == "planned"]
 
 

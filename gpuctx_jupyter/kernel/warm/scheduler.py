@@ -326,7 +326,7 @@ class Warmer:
                         break
                 make_next, st.source = follow
                 st.state, st.detail = "running", ""  # %gpu status: under way again, not the last plan's "done"
-                self._ordinals = None  # (the device chosen now: the user may have moved since)
+                self._ordinals, self._user_gpu = None, False  # (a new plan: today's device; the user's GPU cells ended)
                 self._turn(reading, heavy=False)
                 plan = self.plan = make_next(self.plan)
                 self._carry_out(plan, device)
