@@ -90,8 +90,8 @@ CPU_CELL = "t = sum(i * i for i in range(1_500_000))"
 # threads' (schedstat, ns) and the rest of the host's (/proc/stat less both: a standby starting on
 # another core; in 10 ms ticks, so ±10 ms).
 CPU_CELL_TIMED = ("import os as _os, threading as _th, time as _tm\n"
-                  "def _busy():  # (this thread's CPU s, the kernel's other threads' s, the host's busy s)\n"
-                  "    _me, _own, _rest = str(_th.get_native_id()), 0, 0\n"
+                  "def _busy():  # (this thread's CPU s, the kernel's other threads' s, the host's busy s, per thread ns)\n"
+                  "    _me, _own, _rest, _per = str(_th.get_native_id()), 0, 0, {}\n"
                   "    for _t in _os.listdir('/proc/self/task'):\n"
                   "        try:\n"
                   "            with open(f'/proc/self/task/{_t}/schedstat') as _f:\n"
@@ -99,25 +99,34 @@ CPU_CELL_TIMED = ("import os as _os, threading as _th, time as _tm\n"
                   "        except (OSError, ValueError, IndexError):\n"
                   "            continue\n"
                   "        _own, _rest = (_own + _ns, _rest) if _t == _me else (_own, _rest + _ns)\n"
+                  "        _per[_t] = _ns\n"
                   "    with open('/proc/stat') as _f:\n"
                   "        _v = [int(_x) for _x in _f.readline().split()[1:9]]\n"
-                  "    return _own / 1e9, _rest / 1e9, (sum(_v) - _v[3] - _v[4]) / _os.sysconf('SC_CLK_TCK')\n"
+                  "    return _own / 1e9, _rest / 1e9, (sum(_v) - _v[3] - _v[4]) / _os.sysconf('SC_CLK_TCK'), _per\n"
+                  "def _who(_t):  # a thread's name: Python's where it is a Python thread, else the kernel's (comm)\n"
+                  "    _n = {str(_x.native_id): _x.name for _x in _th.enumerate()}.get(_t)\n"
+                  "    try:\n"
+                  "        return _n or open(f'/proc/self/task/{_t}/comm').read().strip()\n"
+                  "    except OSError:\n"
+                  "        return '?'\n"
                   "_b0 = _busy()\n_w0 = _tm.monotonic()\n" + CPU_CELL + "\n_w1 = _tm.monotonic()\n_b1 = _busy()\n"
                   "with open('/proc/thread-self/stat') as _f:  # and the CPU it ran on (stat's field 39)\n"
                   "    _cpu = int(_f.read().rsplit(')', 1)[1].split()[36])\n"
                   "globals().setdefault('_cpu_windows', []).append((_w0, _w1, _cpu, round(_b1[0] - _b0[0], 4),\n"
-                  "    round(_b1[1] - _b0[1], 4), round(_b1[2] - _b0[2] - (_b1[0] - _b0[0]) - (_b1[1] - _b0[1]), 3)))")
+                  "    round(_b1[1] - _b0[1], 4), round(_b1[2] - _b0[2] - (_b1[0] - _b0[0]) - (_b1[1] - _b0[1]), 3),\n"
+                  "    sorted(([_who(_t), round((_n - _b0[3].get(_t, 0)) / 1e9, 4)] for _t, _n in _b1[3].items()\n"
+                  "            if _t != str(_th.get_native_id()) and _n - _b0[3].get(_t, 0) >= 5e6), key=lambda _x: -_x[1])[:3]))")
 # Which warm-up steps ran while the first CPU-bound cell did, for how long, and how long the
 # kernel took to begin the cell after its send (the client's time less the cell's own).
 OVERLAP = """import json as _j, time as _tm
 _m = getattr(get_ipython(), '_gpuctx', None)
-_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1, None, None, None)]
+_w = globals().get('_cpu_windows') or [(0.0, 0.0, -1, None, None, None, [])]
 _a, _b = _w[0][:2]
 _steps = [s for s in (_m.warmer.plan.steps if _m and _m.warmer.plan else []) if s.started is not None]
 from gpuctx_jupyter.kernel.warm.import_gate import GATE as _g
 print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.started if _m else None,
                 'in_kernel_and_cpu': [[round(b - a, 4), c, own] for a, b, c, own, *_ in _w],
-                'beside': [{'kernel_threads': k, 'host_others': h} for *_, k, h in _w],
+                'beside': [{'kernel_threads': k, 'host_others': h, 'busiest': t} for *_, k, h, t in _w],
                 'imports_held': _g.held(),
                 'cell_began_after_warm_start': (_a - _m.warmer.status.started) if _m and _m.warmer.status.started else None,
                 'overlaps': [[s.name, round(min(_b, _e) - max(_a, s.started), 4)] for s in _steps
@@ -617,6 +626,9 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                                             for b in o.get("beside") or () if b.get("host_others") is not None)
                     if cpu_beside:  # CPU ms beside each cell: the kernel's other threads + the host's rest
                         where += f"; CPU beside it: kernel threads+host {cpu_beside} ms"
+                    busiest = ((o.get("beside") or [{}])[0].get("busiest") or ())
+                    if busiest:  # which of the kernel's threads used it, beside the first cell
+                        where += " (" + ", ".join(f"{n} {ms(t)}" for n, t in busiest) + ")"
                     print(f"{'':<40}{ms(r['cpu_cell'])}/{ms(r['cpu_cell_steady'])} ms (in the kernel {where}): {beside}")
                 continue
             cells = "  ".join(f"{ms(a)}/{ms(b)}" for a, b in zip(s["first"], s["steady"]))
