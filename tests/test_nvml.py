@@ -26,6 +26,7 @@ def fresh_state(monkeypatch):
     """Every test starts as a new process would: NVML neither initialised nor failed."""
     monkeypatch.setattr(nvml, "_nvml", None)
     monkeypatch.setattr(nvml, "_failure", None)
+    monkeypatch.setattr(nvml, "_known", {})
 
 
 def nvml_error(name):
@@ -181,6 +182,33 @@ def test_gpu_lost_on_one_of_two_devices(monkeypatch):
     assert (bad.nvml_index, bad.uuid, bad.pci_bus_id) == (1, "GPU-bbbb", "00000000:2A:00.0")
     assert bad.memory_total is None and bad.utilization is None and bad.processes == ()
     assert (1, "GetUtilizationRates") not in machine.calls  # no more queries to a lost GPU
+
+
+def test_a_gpu_that_falls_off_the_bus_keeps_its_ordinal_and_its_name(monkeypatch):
+    """Xid 79: the first of two GPUs answers nothing, not even its UUID. CUDA still counts it
+    where it was, so cuda:1 must stay the second GPU (not move to cuda:0, the lost one's place),
+    and the lost one must still say which GPU it is (its history is kept by UUID)."""
+    from gpuctx_jupyter.core.devices import resolve_visibility
+
+    machine = FakeMachine(monkeypatch, {0: h200("GPU-aaaa", "0000:18:00.0"),
+                                        1: h200("GPU-bbbb", "0000:2a:00.0")})
+    before = [(d.ordinal, d.record.uuid) for d in resolve_visibility(nvml.read_records(), {}).devices]
+    machine.handles[0] = nvml_error("GPU_IS_LOST")
+    after = resolve_visibility(nvml.read_records(), {}).devices
+
+    assert before == [(0, "GPU-aaaa"), (1, "GPU-bbbb")]
+    assert [(d.ordinal, d.record.uuid) for d in after] == before
+    lost = after[0].record
+    assert lost.error.startswith("NVML error: GPU is lost") and lost.name == "NVIDIA H200"
+    assert lost.pci_bus_id == "00000000:18:00.0" and lost.memory_used is None
+
+
+def test_a_lost_gpu_never_read_before_is_still_listed_last(monkeypatch):
+    """Lost from the first read on (nothing known of it): listed, with its error, after the rest."""
+    FakeMachine(monkeypatch, {1: h200("GPU-bbbb", "0000:2a:00.0")},
+                handles={0: nvml_error("GPU_IS_LOST"), 1: 1})
+    lost, good = nvml.read_records()
+    assert (lost.uuid, good.uuid) == ("", "GPU-bbbb") and lost.error.startswith("NVML error: GPU is lost")
 
 
 def test_a_process_with_compute_and_graphics_contexts_counts_once(monkeypatch):

@@ -480,3 +480,43 @@ def test_a_notebook_that_compiles_is_handed_the_standby_that_imported_inductor()
     compiled = SimpleNamespace(imported=lambda: {"torch", "torch._dynamo", "torch.optim", INDUCTOR_MODULE})
     assert INDUCTOR_MODULE in wanted and sb.covered(compiled, wanted) > sb.covered(plain, wanted)
     assert INDUCTOR_MODULE not in sb.needed(facts_from_sources(["import torch", "x = torch.ones(3)"]))
+
+
+def test_a_notebook_opened_again_keeps_its_names_imported_ahead_across_a_server_restart(monkeypatch, tmp_path):
+    """Opening a notebook again changes no import (nothing to start a standby for), but when it
+    was opened counts: a name no notebook took for a day gives way to a new one. Kept only in
+    memory, that went with a restart, and the notebook opened just before it lost its names to
+    the next notebook opened after it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.contract.notebook import Event, Facts, Where
+    from gpuctx_jupyter.server import import_profile
+
+    clock = [time.time() - 3 * import_profile.NAME_STALE_S]
+    monkeypatch.setattr(import_profile, "time", SimpleNamespace(time=lambda: clock[0], monotonic=time.monotonic))
+    pool = pool_alone(monkeypatch)
+    pool.profile.path = str(tmp_path / "profile.json")
+    writes = []
+    pool.background = SimpleNamespace(spawn=lambda done, name: writes.append(done))
+
+    def nb(path, names):
+        return Facts(path=path, events=[Event("import", Where(1, 1), module="pkg", names=names)])
+
+    a, b = nb("a.ipynb", tuple(f"A{i}" for i in range(6))), nb("b.ipynb", tuple(f"B{i}" for i in range(4)))
+
+    async def open_at(t, *notebooks):
+        clock[0] = t
+        for facts in notebooks:
+            pool.opened(facts)
+        await asyncio.gather(*writes)
+        writes.clear()
+
+    start = clock[0]
+    asyncio.run(open_at(start, a, b))  # six of A's names, two of B's: the module's eight
+    asyncio.run(open_at(start + import_profile.NAME_STALE_S + 10, a))  # A again, a day on
+    restarted = import_profile.ImportProfile(pool.profile.path, pool.log, torch_installed=True)
+    restarted.load()
+    clock[0] = start + import_profile.NAME_STALE_S + 20
+    restarted.learn(b)  # B after the restart: A's names were taken 10 s ago, not a day
+    assert {f"A{i}" for i in range(6)} <= set(restarted.entries["pkg"].names)

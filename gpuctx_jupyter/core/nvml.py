@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 from .devices import GpuProcess, GpuRecord
@@ -20,6 +20,10 @@ RETRY_AFTER_S = 30.0
 _lock = threading.Lock()
 _nvml: ModuleType | None = None  # the initialised pynvml module
 _failure: tuple[float, str] | None = None  # (time.monotonic() of the failure, reason)
+# Each NVML index's identity as last read in full (uuid, name, bus id, capability): a GPU that
+# falls off the bus (Xid 79) answers nothing, not even its UUID, yet CUDA's ordinals and the
+# history still count it where it was. Forgotten with the session (a driver reload renumbers).
+_known: dict[int, tuple] = {}
 
 # Errors after which nothing more can be read from a device: the record carries them as `error`.
 _DEVICE_GONE = ("GPU_IS_LOST", "RESET_REQUIRED", "UNKNOWN", "IRQ_ISSUE", "GPU_NOT_FOUND")
@@ -71,6 +75,7 @@ def _forget(reason: str) -> NvmlUnavailable:
     global _nvml, _failure
     with _lock:
         _nvml, _failure = None, (time.monotonic(), reason)
+        _known.clear()
     return NvmlUnavailable(reason)
 
 
@@ -91,13 +96,28 @@ def read_records() -> list[GpuRecord]:
         try:
             handle = nv.nvmlDeviceGetHandleByIndex(index)
         except nv.NVMLError as e:
-            records.append(GpuRecord(nvml_index=index, uuid="", name="", error=_device_error(e)))
-            continue
-        gpu = _read_device(nv, handle, index)
+            gpu = GpuRecord(nvml_index=index, uuid="", name="", error=_device_error(e))
+        else:
+            gpu = _read_device(nv, handle, index)
+        gpu = _identified(gpu)
         records.append(gpu)
         if gpu.mig_enabled:
             records.extend(_read_mig_instances(nv, handle, gpu))
     return records
+
+
+def _identified(gpu: GpuRecord) -> GpuRecord:
+    """`gpu` with the identity its NVML index last had where it can no longer say (lost): so it
+    keeps its place in CUDA's order (by bus id) and its history (by UUID), and says which it is."""
+    if gpu.uuid and gpu.pci_bus_id and gpu.compute_capability:
+        _known[gpu.nvml_index] = (gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.compute_capability)
+        return gpu
+    known = _known.get(gpu.nvml_index)
+    if gpu.error is None or known is None or (gpu.uuid and gpu.uuid != known[0]):
+        return gpu
+    uuid, name, bus, capability = known
+    return replace(gpu, uuid=uuid, name=gpu.name or name, pci_bus_id=gpu.pci_bus_id or bus,
+                   compute_capability=gpu.compute_capability or capability)
 
 
 def _read_mig_instances(nv: ModuleType, handle, gpu: GpuRecord) -> list[GpuRecord]:

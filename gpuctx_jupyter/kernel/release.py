@@ -51,8 +51,9 @@ def release_memory(shell=None) -> Released:
     out = Released(cleared=drop_failure_references(shell))
     out.gc_collected = gc.collect()
     out.output_cache = _output_cache_bytes(shell)
-    reasons = {fw.name: fws.reason_without_starting(fw) for fw in fws.loaded()}  # (JAX's backend not started for it)
-    loaded = [fw for fw in fws.loaded() if not reasons.get(fw.name)]
+    imported = fws.loaded()
+    reasons = {fw.name: fws.reason_without_starting(fw) for fw in imported}  # (JAX's backend not started for it)
+    loaded = [fw for fw in imported if not reasons[fw.name]]
     if not loaded:
         out.no_gpu = "; ".join(f"{name}: {why}" if name == "jax" else why for name, why in reasons.items()
                                ) or "no GPU framework is imported in this kernel"

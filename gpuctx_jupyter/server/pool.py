@@ -545,8 +545,10 @@ class Pool:
 
     # -- the import profile -----------------------------------------------------------------------
     def opened(self, facts) -> None:
-        """A notebook was opened: what it imports goes into the profile (kept across restarts)."""
-        if self.profile is not None and self.profile.learn(facts):
+        """A notebook was opened: what it imports, and when, go into the profile, kept across
+        restarts even where the imports stay the same (which names give way goes by when)."""
+        if self.profile is not None and not (facts.error or facts.opts_out):
+            self.profile.learn(facts)
             self._save_profile()
 
     def _save_profile(self) -> None:
