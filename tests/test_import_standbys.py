@@ -691,3 +691,15 @@ def test_a_starting_standby_gives_way_to_a_notebooks_running_cell(server_factory
         assert ("booting", False) in after_pause, seen  # going on after 2 s of the cell, at the lowest priority
     # once the cell has ended it goes on (and may be done: its slow import sleeps 30 s from its start)
     wait_for(lambda: standby()["state"] in ("booting", "ready") and psutil.Process(pid).status() != psutil.STATUS_STOPPED)
+
+
+def test_torch_creating_a_cuda_context_on_import_is_dropped_from_what_standbys_import():
+    """torch is imported by every standby without being learnt; where its import creates a CUDA
+    context (a site hook that starts CUDA), the log said it was dropped but every later standby
+    imported it again and failed the same way. Now it, and the base modules under it, are left
+    out until the drop lapses, and the profile says why."""
+    profile = learnt_profile("pandas")
+    assert profile.modules()[:3] == ["torch", "torch._dynamo", "torch.optim"]
+    profile.outcome("torch", "done", 3.0, "context")
+    assert profile.modules() == ["pandas"]
+    assert "CUDA context" in profile.as_dict()["dropped"]["torch"]

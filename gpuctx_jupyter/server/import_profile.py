@@ -149,9 +149,9 @@ class ImportProfile:
         drop what broke. `paused_s`: how long that standby stood stopped for running cells during
         this import (its clock ran on meanwhile; standby.paused_during)."""
         entry = self.entries.get(module)
+        if entry is None and module in self.base and cuda == "context":  # (torch patched to start CUDA)
+            entry = self.entries[module] = Entry(module)  # dropped as any other: else every standby fails on it
         if entry is None:
-            if module in self.base and cuda == "context":
-                self._drop_once(module, "it created a CUDA context")
             return
         if seconds is not None and state == "done":
             entry.seconds = seconds
@@ -259,7 +259,8 @@ class ImportProfile:
         """The base, then the learned modules most recently used first, capped by count and time;
         for a standby of `kernel_name`, without what is left out for it."""
         self._lapse(time.time())
-        out = list(self.base)
+        gone = [m for m in self.base if m in self.entries and self.entries[m].dropped]
+        out = [m for m in self.base if not any(m == g or m.startswith(g + ".") for g in gone)]
         skip = self.left_out.get(kernel_name, {})
         spent = 0.0
         for entry in sorted(self.entries.values(), key=lambda e: (-e.last, -e.seen, e.module)):
