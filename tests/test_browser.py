@@ -22,7 +22,8 @@ NOTEBOOK = notebook_json("sleepy", "import time\nprint('sleeping', flush=True)\n
 
 @pytest.fixture(scope="module")
 def lab(lab_factory):
-    return lab_factory({"sleep.ipynb": NOTEBOOK}, env={"CUDA_VISIBLE_DEVICES": ""})
+    return lab_factory({"sleep.ipynb": NOTEBOOK, "quiet.ipynb": notebook_json("quiet", "print(1)")},
+                       env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,39 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     assert time.monotonic() - started < 30, "the cell ran on: the interrupt did not reach the kernel"
     assert "slept on" not in page.locator(".jp-Notebook .jp-OutputArea").first.inner_text()
     assert browser.errors == []
+
+
+def test_the_stream_runs_only_while_something_shows_it(lab, browser):
+    """No GPU panel on screen and the status bar hidden (View → Show Status Bar): nothing shows
+    the GPU data, so the page's stream closes; it opens again when the status bar is back."""
+    errors = len(browser.errors)
+    page = browser.page()  # a page and notebook of its own: the other tests' page keeps its layout
+    streams = []
+    page.on("websocket", lambda ws: streams.append(ws) if "/gpuctx/api/stream" in ws.url else None)
+    page.goto(f"{lab.url}/lab/tree/quiet.ipynb?reset&token={lab.token}")
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    kernel_idle(page)
+
+    def until(cond, what: str, timeout: float = 30) -> None:
+        """Wait for `cond()` while the page runs (Playwright hands over its events only in its calls)."""
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
+            page.wait_for_timeout(100)
+
+    def open_streams() -> list:
+        return [ws for ws in streams if not ws.is_closed()]
+
+    item = page.locator(".jp-gpuctx-status")
+    item.wait_for(state="visible")
+    assert not page.locator("#gpuctx-panel").is_visible()  # the file browser is the open sidebar
+    until(open_streams, "no stream for the status bar")
+    page.evaluate("() => window.jupyterapp.commands.execute('statusbar:toggle')")
+    item.wait_for(state="hidden")
+    until(lambda: not open_streams(), "the stream runs on with nothing showing it")
+    opened = len(streams)
+    page.evaluate("() => window.jupyterapp.commands.execute('statusbar:toggle')")
+    item.wait_for(state="visible")
+    until(lambda: len(streams) > opened and open_streams(), "the stream did not come back with the status bar")
+    assert browser.errors[errors:] == []
+    page.close()

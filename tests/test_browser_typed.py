@@ -21,7 +21,7 @@ LATER = "x = 1  # typed while a cell runs"
 
 @pytest.fixture(scope="module")
 def lab(lab_factory):
-    return lab_factory({"new.ipynb": EMPTY}, env={"CUDA_VISIBLE_DEVICES": ""})
+    return lab_factory({"new.ipynb": EMPTY, "views.ipynb": EMPTY}, env={"CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.mark.timeout(600)
@@ -76,3 +76,34 @@ def test_typing_in_a_new_notebook_warms_its_cells_and_nothing_goes_while_a_cell_
     assert last == [TYPED, "import time; time.sleep(12)", LATER]  # the code cells, in order
     assert browser.errors == []
     assert "opt = torch.optim" not in lab.log()
+
+
+@pytest.mark.timeout(300)
+def test_a_notebook_in_two_views_sends_each_edit_once(lab, notebook_page, browser):
+    """JupyterLab's "New View for Notebook" shows one notebook in two panels: its kernel is sent
+    each edit once, not once per view."""
+    page = notebook_page(lab, "views.ipynb")
+    puts: list[list[str]] = []  # the cells each PUT carried
+
+    def seen(request) -> None:
+        if request.method == "PUT" and request.url.split("?")[0].endswith("/cells"):
+            puts.append(json.loads(request.post_data or "{}").get("cells", []))
+
+    page.on("request", seen)
+
+    def until(cond, timeout: float = 60):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out after {timeout:g} s; PUTs seen: {puts}"
+            page.wait_for_timeout(100)
+
+    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:clone')")  # New View for Notebook
+    views = page.locator(".jp-NotebookPanel")
+    until(lambda: views.count() == 2 and views.nth(1).is_visible())
+    views.nth(1).locator(".jp-Cell .cm-content").first.click()
+    page.keyboard.type("import math")
+    until(lambda: ["import math"] in puts)
+    page.keyboard.type(", json")  # both views' sends of the first edit were due before this one's
+    until(lambda: ["import math, json"] in puts)
+    assert puts.count(["import math"]) == 1, puts
+    assert browser.errors == []

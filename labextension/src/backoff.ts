@@ -2,7 +2,8 @@
  * When to try the stream again after it dropped (the server restarted, the network blinked):
  * exponential back-off with a low ceiling, so that the panel is live again within a few seconds
  * of the server's return (a reconnect attempt is one cheap websocket handshake), and a little
- * jitter so that many open tabs do not all knock at the same instant.
+ * jitter so that many open tabs do not all knock at the same instant. A refusal (403) is not
+ * retried at all (`isRefusal`).
  */
 
 export interface IBackoffOptions {
@@ -33,4 +34,18 @@ export function backoffDelay(
 /** The delays of the first `count` attempts without jitter, for docs and tests. */
 export function backoffSchedule(count: number, options: IBackoffOptions = DEFAULT_BACKOFF): number[] {
   return Array.from({ length: count }, (_, i) => backoffDelay(i, { ...options, jitter: 0 }));
+}
+
+/** The HTTP status of a failed request (`.response.status`), or null when the server did not answer. */
+export function httpStatus(err: unknown): number | null {
+  const status = (err as { response?: { status?: unknown } } | null)?.response?.status;
+  return typeof status === 'number' ? status : null;
+}
+
+/**
+ * The server refused this page (403: its login expired, or this user may not do that). Not an
+ * outage: trying again changes nothing until the user reloads the page or logs in again.
+ */
+export function isRefusal(err: unknown): boolean {
+  return httpStatus(err) === 403;
 }

@@ -11,13 +11,16 @@
  * or the notebook changes kernel. A restarted kernel reads the saved file again, so unsaved edits
  * are sent again once it is idle. Off with the `warmTypedCells` setting. Its timers are injected,
  * so all of this is tested without a browser.
+ *
+ * One sender per notebook document, not per view (`NotebookTyping`): JupyterLab's "New View for
+ * Notebook" shows one document in two panels, and each sending would give the kernel every edit
+ * twice. Two notebooks on one kernel are two documents: each still sends its own cells.
  */
-import type { NotebookPanel } from '@jupyterlab/notebook';
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { httpStatus } from './controller';
+import { httpStatus } from './backoff';
 
-/** What a notebook gives this module; `fromPanel` makes one of JupyterLab's notebook panel. */
+/** What a notebook gives this module; `fromContext` makes one of JupyterLab's notebook document. */
 export interface ITypedNotebook {
   /** The kernel's id; null without a kernel. */
   kernelId(): string | null;
@@ -210,26 +213,46 @@ export class TypedCells {
   private _disposed = false;
 }
 
-/** JupyterLab's notebook panel as a typed notebook: its model once loaded, its session's kernel. */
-export function fromPanel(panel: NotebookPanel): ITypedNotebook {
+/**
+ * What this module reads of a notebook's document context (JupyterLab's
+ * `DocumentRegistry.IContext<INotebookModel>`, which every view of the document shares).
+ */
+export interface INotebookContext {
+  readonly ready: Promise<void>;
+  readonly model: {
+    readonly contentChanged: ISignal<unknown, void>;
+    readonly cells: Iterable<{ readonly type: string; readonly sharedModel: { getSource(): string } }>;
+  } | null;
+  readonly sessionContext: {
+    readonly session: { readonly kernel: { readonly id: string; readonly status: string } | null } | null;
+    readonly kernelChanged: ISignal<unknown, unknown>;
+    readonly statusChanged: ISignal<unknown, unknown>;
+  };
+  /** Emitted once every view of the document is closed. */
+  readonly disposed: ISignal<unknown, void>;
+  readonly isDisposed: boolean;
+}
+
+/** A notebook document as a typed notebook: its model once loaded, its session's kernel. */
+export function fromContext(context: INotebookContext): ITypedNotebook {
   const owner = {};
   const contentChanged = new Signal<unknown, void>(owner);
   const kernelChanged = new Signal<unknown, void>(owner);
   const disposed = new Signal<unknown, void>(owner);
-  const session = panel.sessionContext;
+  const session = context.sessionContext;
   const kernel = () => session.session?.kernel ?? null;
-  void panel.context.ready.then(() => {
+  void context.ready.then(() => {
     // after loading: the file's own content is what the kernel reads itself
-    panel.context.model.contentChanged.connect(() => contentChanged.emit());
+    context.model?.contentChanged.connect(() => contentChanged.emit());
   });
   session.kernelChanged.connect(() => kernelChanged.emit());
   session.statusChanged.connect(() => kernelChanged.emit());
-  panel.disposed.connect(() => disposed.emit());
+  context.disposed.connect(() => disposed.emit());
   return {
     kernelId: () => kernel()?.id ?? null,
     kernelStatus: () => kernel()?.status ?? null,
     codeSources: () => {
-      const model = panel.context.model;
+      const model = context.model;
       const out: string[] = [];
       if (!model) {
         return out;
@@ -245,4 +268,45 @@ export function fromPanel(panel: NotebookPanel): ITypedNotebook {
     kernelChanged,
     disposed
   };
+}
+
+/** Every open notebook's typed cells: one `TypedCells` per document, however many views show it. */
+export class NotebookTyping {
+  constructor(private _options: ITypedCellsOptions) {
+    this._enabled = _options.enabled ?? true;
+  }
+
+  /** The `warmTypedCells` setting, for every notebook. */
+  get enabled(): boolean {
+    return this._enabled;
+  }
+
+  set enabled(value: boolean) {
+    this._enabled = value;
+    this._byDocument.forEach(cells => (cells.enabled = value));
+  }
+
+  /** How many documents are watched (not views). */
+  get size(): number {
+    return this._byDocument.size;
+  }
+
+  /** Watch a notebook view: a second view of a document already watched adds nothing. */
+  watch(view: { readonly context: INotebookContext }): TypedCells | null {
+    const context = view.context;
+    const known = this._byDocument.get(context);
+    if (known) {
+      return known;
+    }
+    if (context.isDisposed) {
+      return null;
+    }
+    const cells = new TypedCells(fromContext(context), { ...this._options, enabled: this._enabled });
+    this._byDocument.set(context, cells);
+    context.disposed.connect(() => this._byDocument.delete(context));
+    return cells;
+  }
+
+  private _enabled: boolean;
+  private _byDocument = new Map<INotebookContext, TypedCells>();
 }

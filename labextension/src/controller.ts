@@ -4,11 +4,12 @@
  * actions. The panel and the status bar only draw what this holds.
  *
  * The kernel's view is a control-channel round trip, so it is asked through a `@lumino/polling`
- * `Poll`: every few seconds while someone looks (the panel is visible, or the status-bar item is
- * shown), on standby while the browser tab is hidden, backing off (capped) while the server does
- * not answer, and not at all once the server says the kernel is gone (404). Its clock, timers and
- * randomness are injected, as the stream's are, so all of this is tested without a browser or a
- * server (the poll's own timers are the global ones, which tests replace with fake ones).
+ * `Poll`: every few seconds while someone looks (the panel is visible, or the status-bar item is on
+ * screen), on standby while the browser tab is hidden, backing off (capped) while the server does
+ * not answer, and not at all once the server says the kernel is gone (404) or refuses this page
+ * (403: nothing a retry changes). Its clock, timers and randomness are injected, as the stream's
+ * are, so all of this is tested without a browser or a server (the poll's own timers are the
+ * global ones, which tests replace with fake ones).
  *
  * The back-off is ours (backoff.ts), set as the poll's interval after each answer: the poll's
  * built-in one draws each wait at random between the last wait × 3 and the base interval, and
@@ -18,7 +19,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 
 import { actionSpec, actionWording, IActionWording, IKernelActionSpec } from './actions';
-import { backoffDelay, IBackoffOptions } from './backoff';
+import { backoffDelay, httpStatus, IBackoffOptions, isRefusal } from './backoff';
 import { formatBytes, formatClock } from './format';
 import { DeviceHistory } from './history';
 import {
@@ -28,6 +29,7 @@ import {
   kernelLabel,
   OUTAGE_TEXT,
   panelView,
+  REFUSED_TEXT,
   statusView
 } from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
@@ -79,7 +81,7 @@ export interface IHealth {
   lastUpdate: number | null;
   /** The server does not answer (the stream is retrying, or a kernel-view request failed). */
   outage: boolean;
-  /** The one state every view shows: live, replay, stale for N s, offline, connecting. */
+  /** The one state every view shows: live, replay, stale for N s, offline, refused, connecting. */
   state: IConnectionView;
 }
 
@@ -181,22 +183,22 @@ export function cullNotice(kernel: IKernelRef, bytes: number | null, replay: boo
   };
 }
 
-/** The HTTP status of a failed request, or null when the server did not answer at all. */
-export function httpStatus(err: unknown): number | null {
-  const status = (err as { response?: { status?: unknown } } | null)?.response?.status;
-  return typeof status === 'number' ? status : null;
-}
+export { httpStatus };
 
 /**
  * A failure in words a person can act on (never the browser's "TypeError: Failed to fetch"): no
- * answer (fetch's TypeError, which @jupyterlab/services' NetworkError is), else its own message
- * ("Kernel is dead", the server's refusal).
+ * answer (fetch's TypeError, which @jupyterlab/services' NetworkError is); a bare 403 ("Forbidden")
+ * as a refusal with what to do; else its own message ("Kernel is dead", the server's refusal).
  */
 export function describeFailure(err: unknown): string {
-  if (httpStatus(err) === null && (err instanceof TypeError || !(err instanceof Error) || !err.message)) {
+  const message = err instanceof Error ? err.message : '';
+  if (httpStatus(err) === null && (err instanceof TypeError || !(err instanceof Error) || !message)) {
     return 'The Jupyter server did not answer: check that it is still running, then try again.';
   }
-  return err instanceof Error && err.message ? err.message : String(err);
+  if (isRefusal(err) && (!message || /^(Forbidden|Invalid response: 403\b.*)$/.test(message))) {
+    return REFUSED_TEXT;
+  }
+  return message || String(err);
 }
 
 export class GpuController {
@@ -252,6 +254,7 @@ export class GpuController {
 
   get health(): IHealth {
     const stream = this._options.stream;
+    const refused = stream.state === 'refused';
     const offline = stream.state === 'waiting' || this._unreachable;
     const snapshot = stream.snapshot;
     return {
@@ -262,6 +265,7 @@ export class GpuController {
       // A hung server keeps its socket open but says nothing: data that went stale is an outage too.
       outage: offline || this._stale,
       state: connectionView({
+        refused,
         offline,
         staleFor: this._stale && this._receivedAt !== null ? (this._now() - this._receivedAt) / 1000 : null,
         lastUpdate: this._receivedAt,
@@ -274,6 +278,14 @@ export class GpuController {
   /** The status-bar item is shown: the setting is on and the active tab is a notebook. */
   get statusShown(): boolean {
     return this._settings.showStatusBar && this._notebook !== null;
+  }
+
+  /**
+   * The status-bar item is shown and on screen: a hidden status bar (View → Show Status Bar), or
+   * a page without one, displays nothing, and nothing is streamed or asked for it.
+   */
+  get statusOnScreen(): boolean {
+    return this.statusShown && this._statusVisible;
   }
 
   /** Whether the kernel-view poll is running (not stopped, not disposed). */
@@ -351,6 +363,14 @@ export class GpuController {
     }
     this._reconcile();
     this._checkStale();
+  }
+
+  /** Whether the status-bar item is on screen (its widget's visibility); false until told. */
+  setStatusVisible(visible: boolean): void {
+    if (visible !== this._statusVisible) {
+      this._statusVisible = visible;
+      this._reconcile();
+    }
   }
 
   setPanelVisible(visible: boolean): void {
@@ -519,8 +539,9 @@ export class GpuController {
 
   /** While the data is stale or the server is gone, the state says for how long: every second. */
   private _tickWhileDown(): void {
-    const down = this._stale || this._options.stream.state === 'waiting' || this._unreachable;
-    if (!down || !this._options.stream.wanted || this._disposed) {
+    const state = this._options.stream.state;
+    const down = this._stale || state === 'waiting' || this._unreachable;
+    if (!down || state === 'refused' || !this._options.stream.wanted || this._disposed) {
       this._clearTicker();
       return;
     }
@@ -577,7 +598,8 @@ export class GpuController {
     const kernelId = next?.kernelId ?? null;
     const switched = kernelId !== this._viewKernel;
     if (switched) {
-      this._setKernelView(kernelId, null, false);
+      // a kernel not asked any more keeps saying why (gone, refused), not "asking…" for ever
+      this._setKernelView(kernelId, kernelId ? (this._settled.get(kernelId) ?? null) : null, false);
       this._setUnreachable(false);
     }
     if (shown !== this.statusShown) {
@@ -593,7 +615,8 @@ export class GpuController {
 
   private _kernelViewWanted(): boolean {
     const kernelId = this._notebook?.kernelId;
-    return !this._disposed && !!kernelId && !this._gone.has(kernelId) && (this._panelVisible || this.statusShown);
+    const looked = this._panelVisible || this.statusOnScreen;
+    return !this._disposed && !!kernelId && !this._settled.has(kernelId) && looked;
   }
 
   /** Open or close the stream and start or stop the poll to match who needs data now. */
@@ -602,7 +625,7 @@ export class GpuController {
       return;
     }
     this._options.stream.demand('panel', this._panelVisible);
-    this._options.stream.demand('statusbar', this.statusShown);
+    this._options.stream.demand('statusbar', this.statusOnScreen);
     this._options.stream.demand('dashboard', this._dashboards > 0);
     this._armWatchdog();
     if (!this._kernelViewWanted()) {
@@ -645,6 +668,14 @@ export class GpuController {
         this._markGone(kernelId);
         return;
       }
+      if (isRefusal(err)) {
+        // 403: this page's login expired, or this user may not read the kernel. Not an outage,
+        // and asking again changes nothing: said once, not asked again until the page reloads.
+        this._setUnreachable(false);
+        this._setNextWait(false);
+        this._settle(kernelId, { kernel_id: kernelId, status: 'refused', reason: describeFailure(err) });
+        return;
+      }
       if (status === null) {
         // No answer at all: keep the last answer on show (the panel says it is stale), back off.
         this._setUnreachable(true);
@@ -680,9 +711,14 @@ export class GpuController {
 
   /** The kernel no longer exists: never ask for it again. */
   private _markGone(kernelId: string): void {
-    this._gone.add(kernelId);
+    this._settle(kernelId, { kernel_id: kernelId, status: 'gone', reason: 'the kernel is no longer running' });
+  }
+
+  /** Never ask `kernelId` again; `view` says why wherever its notebook is shown. */
+  private _settle(kernelId: string, view: IKernelView): void {
+    this._settled.set(kernelId, view);
     if (kernelId === this._notebook?.kernelId) {
-      this._setKernelView(kernelId, { kernel_id: kernelId, status: 'gone', reason: 'the kernel is no longer running' });
+      this._setKernelView(kernelId, view);
     }
     this._reconcile();
   }
@@ -713,12 +749,13 @@ export class GpuController {
   private _failures = 0;
   private _settings: IGpuSettings = DEFAULT_SETTINGS;
   private _panelVisible = false;
+  private _statusVisible = false;
   private _notebook: INotebookRef | null = null;
   private _kernelView: IKernelView | null = null;
   /** The kernel the view belongs to. */
   private _viewKernel: string | null = null;
-  /** Kernels the server answered 404 for: never asked again. */
-  private _gone = new Set<string>();
+  /** Kernels never asked again, with the view that says why: gone (404, shut down), refused (403). */
+  private _settled = new Map<string, IKernelView>();
   /** The cull warnings shown: per kernel, the `cull_at` warned of and the notification's id. */
   private _cullWarnings = new Map<string, { cullAt: number; id: string | null }>();
   /** Every `<kernel id>@<cull_at>` warned of. */

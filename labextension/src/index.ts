@@ -17,13 +17,13 @@ import {
   showErrorMessage,
   WidgetTracker
 } from '@jupyterlab/apputils';
-import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker } from '@jupyterlab/notebook';
 import { Kernel } from '@jupyterlab/services';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { fetchDevices, fetchKernelView, kernelAction, sendCells, streamUrl } from './api';
-import { fromPanel, TypedCells } from './cells';
+import { NotebookTyping } from './cells';
 import { GpuController } from './controller';
 import { DASHBOARD_ID, GpuDashboard } from './dashboard';
 import { DeviceHistory } from './history';
@@ -180,6 +180,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       renderStatus();
     });
     panel.visibilityChanged.connect((_, visible) => controller.setPanelVisible(visible));
+    statusItem.visibilityChanged.connect((_, visible) => controller.setStatusVisible(visible));
     panel.actionRequested.connect((_, request) => void controller.runAction(request));
     themes?.themeChanged.connect(() =>
       requestAnimationFrame(() => {
@@ -198,25 +199,19 @@ const plugin: JupyterFrontEndPlugin<void> = {
       });
     }
 
-    // Every open notebook's cells as they are typed, to its kernel's warm plan.
-    const typed = new Set<TypedCells>();
-    let warmTyped = DEFAULT_SETTINGS.warmTypedCells;
-    const watchTyping = (nb: NotebookPanel) => {
-      const cells = new TypedCells(fromPanel(nb), {
-        send: (kernelId, sources) => sendCells(server, kernelId, sources),
-        enabled: warmTyped
-      });
-      typed.add(cells);
-      nb.disposed.connect(() => typed.delete(cells));
-    };
-    tracker?.forEach(watchTyping);
-    tracker?.widgetAdded.connect((_, nb) => watchTyping(nb));
+    // Every open notebook's cells as they are typed, to its kernel's warm plan: once per
+    // document, however many views show it.
+    const typing = new NotebookTyping({
+      send: (kernelId, sources) => sendCells(server, kernelId, sources),
+      enabled: DEFAULT_SETTINGS.warmTypedCells
+    });
+    tracker?.forEach(nb => typing.watch(nb));
+    tracker?.widgetAdded.connect((_, nb) => typing.watch(nb));
 
     const apply = (settings: IGpuSettings) => {
       panel.configure(settings);
       controller.configure(settings);
-      warmTyped = settings.warmTypedCells;
-      typed.forEach(cells => (cells.enabled = warmTyped));
+      typing.enabled = settings.warmTypedCells;
       renderStatus();
     };
     apply(DEFAULT_SETTINGS);

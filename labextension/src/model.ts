@@ -39,12 +39,19 @@ export const REPLAY_BANNER = 'Replay of a recorded trace — not live data';
 /** Shown while the server does not answer (instead of the browser's "Failed to fetch"). */
 export const OUTAGE_TEXT = 'Lost contact with the Jupyter server; retrying…';
 
+/** A 403: the server answers, but refuses this page; retrying changes nothing, the user can. */
+export const REFUSED_TEXT =
+  "The Jupyter server refused access (403): this page's login may have expired, or this account may not " +
+  'do this. Reload the page or log in again.';
+
 const CLICK = 'Click to open the GPU panel (Ctrl-click or ⌘-click: the GPU dashboard).';
 
 /** Where the data comes from, and whether it is fresh: one state, said once in each view. */
-export type ConnectionKind = 'connecting' | 'live' | 'replay' | 'stale' | 'offline';
+export type ConnectionKind = 'connecting' | 'live' | 'replay' | 'stale' | 'offline' | 'refused';
 
 export interface IConnectionInput {
+  /** The server refused this page (403): not retried, unlike an outage. */
+  refused?: boolean;
   /** The stream is retrying: the server closed or refused the connection, or does not answer. */
   offline: boolean;
   /** Seconds since the last snapshot, once that is older than two stream intervals; else null. */
@@ -71,13 +78,17 @@ export interface IConnectionView {
   down: boolean;
 }
 
-/** The state of the data in words: live, replay, stale for N s, offline, or connecting. */
+/** The state of the data in words: live, replay, stale for N s, offline, refused, or connecting. */
 export function connectionView(input: IConnectionInput): IConnectionView {
   const replay = input.replay;
   const detail = replay ? `${replay.name}${replay.recorded ? `, recorded ${replay.recorded}` : ''}` : null;
   const since = input.lastUpdate !== null ? formatClock(input.lastUpdate) : null;
   const ofReplay = replay ? ' (a replay of a recorded trace)' : '';
   const badge = (state: string) => (replay ? `replay, ${state}` : state);
+  if (input.refused) {
+    const text = `Access refused: ${REFUSED_TEXT}${since ? ` Last update ${since}.` : ''}${ofReplay}`;
+    return { kind: 'refused', text, spoken: text, badge: badge('access refused'), detail, down: true };
+  }
   if (input.offline) {
     const text = `Offline: lost contact with the Jupyter server; retrying…${since ? ` Last update ${since}.` : ''}${ofReplay}`;
     return { kind: 'offline', text, spoken: text, badge: badge('offline'), detail, down: true };
@@ -778,7 +789,8 @@ export function statusView(input: IStatusInput): IStatusView {
   });
 
   if (!snapshot) {
-    return make('waiting', 'GPU …', 'GPU: waiting for the gpuctx server.');
+    const what = connection.kind === 'refused' ? 'GPU: no data.' : 'GPU: waiting for the gpuctx server.';
+    return make('waiting', 'GPU …', what);
   }
   if (!kernelId || view?.status === 'gone') {
     return make('no-kernel', 'GPU –', 'GPU: this notebook has no running kernel, so it uses no GPU.');
@@ -847,6 +859,9 @@ export function kernelRows(view: IKernelView | null, usage?: IKernelUsage | null
   if (view.status === 'unreachable') {
     return [{ label: 'GPU view', value: 'unknown while the Jupyter server does not answer' }];
   }
+  if (view.status === 'refused') {
+    return [{ label: 'GPU view', value: view.reason || REFUSED_TEXT }];
+  }
   if (view.status !== 'ok') {
     const why = view.reason || view.message || view.status;
     return [{ label: 'GPU view', value: `no answer: ${why}` }, ...hostRow];
@@ -885,6 +900,9 @@ export function kernelRows(view: IKernelView | null, usage?: IKernelUsage | null
   return rows;
 }
 
+/** Kernel views that are no answer of the kernel's: no action is offered on them. */
+const NOT_ANSWERING = new Set(['gone', 'unreachable', 'refused']);
+
 /** What the notebook section needs to decide which actions apply. */
 export interface INotebookActionsInput {
   kernelId: string | null;
@@ -898,14 +916,14 @@ export interface INotebookActionsInput {
 
 /**
  * The actions the notebook section offers, in the table's order: none for a kernel that is gone
- * or dead, or while the server does not answer; Release cache only where there is something to
- * release (the kernel's allocator holds cached memory, or the GPU API marks it an idle holder);
- * Suspend where the server can and the kernel is idle on a GPU, Resume (and no Release) while it
- * is suspended (notebookOffer).
+ * or dead, or that the server refuses this page (403), or while the server does not answer;
+ * Release cache only where there is something to release (the kernel's allocator holds cached
+ * memory, or the GPU API marks it an idle holder); Suspend where the server can and the kernel is
+ * idle on a GPU, Resume (and no Release) while it is suspended (notebookOffer).
  */
 export function notebookActions(input: INotebookActionsInput): KernelAction[] {
   const { kernelId, view } = input;
-  if (!kernelId || input.down || view?.status === 'gone' || view?.status === 'unreachable') {
+  if (!kernelId || input.down || (view && NOT_ANSWERING.has(view.status))) {
     return [];
   }
   if (input.kernelStatus === 'dead' || input.kernelStatus === 'unknown' || view?.status === 'dead') {

@@ -4,6 +4,8 @@
  * live ("(replay)", "(stale 12 s)", "(offline)"); a click opens the panel, a click with Ctrl (⌘
  * on a Mac) the GPU dashboard. What it says comes from `statusView` (model.ts); this only draws it.
  */
+import { Message } from '@lumino/messaging';
+import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { IStatusView } from './model';
@@ -38,6 +40,34 @@ export class GpuStatusItem extends Widget {
     });
   }
 
+  /**
+   * Emits whether the item is now on screen: JupyterLab hides it on other tabs, and the whole
+   * status bar can be hidden (View → Show Status Bar); the stream runs for it only while it shows.
+   */
+  get visibilityChanged(): ISignal<this, boolean> {
+    return this._visibilityChanged;
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    this._visibilityChanged.emit(true);
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this._visibilityChanged.emit(false);
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    super.onAfterAttach(msg);
+    this._visibilityChanged.emit(this.isVisible);
+  }
+
+  protected onBeforeDetach(msg: Message): void {
+    this._visibilityChanged.emit(false);
+    super.onBeforeDetach(msg);
+  }
+
   render(view: IStatusView): void {
     if (this._text.textContent !== view.text) {
       this._text.textContent = view.text;
@@ -66,4 +96,5 @@ export class GpuStatusItem extends Widget {
   private _text: HTMLSpanElement;
   private _gap: Text;
   private _replay: HTMLSpanElement;
+  private _visibilityChanged = new Signal<this, boolean>(this);
 }

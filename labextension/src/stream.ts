@@ -1,18 +1,22 @@
 /**
  * The one connection to the server's GPU stream that the whole page shares.
  *
- * Open only while someone needs data (the panel is visible, or a status-bar item is shown):
+ * Open only while someone needs data (the panel is visible, or a status-bar item is on screen):
  * consumers say so with `demand(key, on)`. A dropped connection is retried with exponential
  * back-off; a REST read fills the gap so that a newly shown panel is never empty while the
- * stream's first tick is on its way. The socket and timers are injected, so this is tested
- * without a browser or a server.
+ * stream's first tick is on its way. That read is also how a refusal is told from an outage: a
+ * browser says nothing about why a websocket failed, but a 403 on the read means the server
+ * refuses this page (its login expired), and the stream stops in `refused` instead of retrying,
+ * until it next starts (a reload, or demand again after none). The socket and timers are
+ * injected, so this is tested without a browser or a server.
  */
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { backoffDelay, DEFAULT_BACKOFF, IBackoffOptions } from './backoff';
+import { backoffDelay, DEFAULT_BACKOFF, IBackoffOptions, isRefusal } from './backoff';
 import { IHello, IHistoryMessage, ISnapshot } from './types';
 
-export type StreamState = 'idle' | 'connecting' | 'open' | 'waiting';
+/** `waiting`: to retry after a drop; `refused`: the server answered 403, nothing is retried. */
+export type StreamState = 'idle' | 'connecting' | 'open' | 'waiting' | 'refused';
 
 /** What the stream needs from a WebSocket (the browser's, or a fake in tests). */
 export interface ISocket {
@@ -159,13 +163,17 @@ export class GpuStream {
     if (!this._options.fetchSnapshot) {
       return;
     }
+    const run = this._runs;
     try {
       const snapshot = await this._options.fetchSnapshot();
       if (this.wanted) {
         this._publish(snapshot);
       }
-    } catch {
-      // The stream's retries report the state; a failed first read changes nothing.
+    } catch (err) {
+      // No answer: the stream's retries report the state. A refusal: stop knocking.
+      if (isRefusal(err) && this.wanted && run === this._runs) {
+        this._stop('refused');
+      }
     }
   }
 
@@ -242,13 +250,15 @@ export class GpuStream {
     }, delay);
   }
 
-  private _stop(): void {
+  /** Stop, in `idle` (nobody needs data) or `refused`; a later start is a new run. */
+  private _stop(state: 'idle' | 'refused' = 'idle'): void {
+    this._runs++;
     if (this._timer !== null) {
       (this._options.clearTimeout ?? (h => clearTimeout(h as ReturnType<typeof setTimeout>)))(this._timer);
       this._timer = null;
     }
     this._closeSocket();
-    this._setState('idle');
+    this._setState(state);
   }
 
   /**
@@ -288,6 +298,8 @@ export class GpuStream {
   private _socket: ISocket | null = null;
   private _timer: unknown = null;
   private _attempts = 0;
+  /** Counts stops: a REST answer from before the last stop is not this run's. */
+  private _runs = 0;
   private _disposed = false;
   private _demand = new Set<string>();
   private _snapshot: ISnapshot | null = null;

@@ -359,9 +359,10 @@ export interface IKernelView {
   kernel_id?: string;
   /**
    * The server's word, or one the frontend sets itself: `gone` (the server answered 404: the
-   * kernel was shut down) and `unreachable` (the server did not answer at all).
+   * kernel was shut down), `refused` (403: this page may not read it) and `unreachable` (the
+   * server did not answer at all).
    */
-  status: 'ok' | 'no-answer' | 'dead' | 'error' | 'gone' | 'unreachable' | string;
+  status: 'ok' | 'no-answer' | 'dead' | 'error' | 'gone' | 'refused' | 'unreachable' | string;
   reason?: string;
   message?: string;
   pid?: number;

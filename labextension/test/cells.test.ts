@@ -6,7 +6,7 @@
 import { Signal } from '@lumino/signaling';
 import { describe, expect, it } from 'vitest';
 
-import { ITypedNotebook, TYPING_PAUSE_MS, TypedCells } from '../src/cells';
+import { INotebookContext, ITypedNotebook, NotebookTyping, TYPING_PAUSE_MS, TypedCells } from '../src/cells';
 
 class FakeTimers {
   now = 0;
@@ -338,5 +338,104 @@ describe('TypedCells', () => {
     await settle();
     timers.advance(TYPING_PAUSE_MS);
     expect(sent).toEqual([['a = 1'], ['a = 2']]);
+  });
+});
+
+/** A notebook document as JupyterLab's context holds it: every view of the document shares it. */
+class FakeContext implements INotebookContext {
+  ready = Promise.resolve();
+  isDisposed = false;
+  disposed = new Signal<unknown, void>(this);
+  cells: { type: string; sharedModel: { getSource(): string } }[] = [];
+  model = { contentChanged: new Signal<unknown, void>(this), cells: this.cells };
+  sessionContext = {
+    session: { kernel: { id: 'k1', status: 'idle' } },
+    kernelChanged: new Signal<unknown, unknown>(this),
+    statusChanged: new Signal<unknown, unknown>(this)
+  };
+
+  type(source: string): void {
+    this.cells[0] = { type: 'code', sharedModel: { getSource: () => source } };
+    this.model.contentChanged.emit();
+  }
+
+  dispose(): void {
+    this.isDisposed = true;
+    this.disposed.emit();
+  }
+}
+
+describe('NotebookTyping', () => {
+  function setupTyping() {
+    const timers = new FakeTimers();
+    const sent: { kernel: string; cells: string[] }[] = [];
+    const typing = new NotebookTyping({
+      send: async (kernel, cells) => {
+        sent.push({ kernel, cells: [...cells] });
+        return { status: 'ok' };
+      },
+      setTimeout: timers.set,
+      clearTimeout: timers.clear
+    });
+    return { timers, sent, typing };
+  }
+
+  async function pause(timers: FakeTimers): Promise<void> {
+    await settle(); // the context's `ready`
+    timers.advance(TYPING_PAUSE_MS);
+    await settle();
+  }
+
+  it('sends a notebook shown in two views once per edit, not once per view', async () => {
+    const t = setupTyping();
+    const doc = new FakeContext();
+    t.typing.watch({ context: doc }); // the notebook's panel
+    t.typing.watch({ context: doc }); // "New View for Notebook": another panel, the same document
+    expect(t.typing.size).toBe(1);
+    await settle();
+    doc.type('import torch');
+    await pause(t.timers);
+    doc.type('import torch, numpy');
+    await pause(t.timers);
+    expect(t.sent).toEqual([
+      { kernel: 'k1', cells: ['import torch'] },
+      { kernel: 'k1', cells: ['import torch, numpy'] }
+    ]);
+    doc.dispose(); // every view closed
+    expect(t.typing.size).toBe(0);
+    doc.type('x = 1');
+    await pause(t.timers);
+    expect(t.sent).toHaveLength(2);
+  });
+
+  it('a second notebook on the same kernel still sends its own cells, once each', async () => {
+    const t = setupTyping();
+    const a = new FakeContext();
+    const b = new FakeContext(); // "Change Kernel…" to a.ipynb's kernel
+    t.typing.watch({ context: a });
+    t.typing.watch({ context: b });
+    await settle();
+    a.type('import torch');
+    await pause(t.timers);
+    b.type('import jax');
+    await pause(t.timers);
+    expect(t.sent).toEqual([
+      { kernel: 'k1', cells: ['import torch'] },
+      { kernel: 'k1', cells: ['import jax'] }
+    ]);
+  });
+
+  it('turns every notebook off and on with the setting', async () => {
+    const t = setupTyping();
+    const doc = new FakeContext();
+    t.typing.watch({ context: doc });
+    await settle();
+    t.typing.enabled = false;
+    doc.type('import torch');
+    await pause(t.timers);
+    expect(t.sent).toEqual([]);
+    t.typing.enabled = true;
+    await pause(t.timers);
+    expect(t.sent).toHaveLength(1);
   });
 });

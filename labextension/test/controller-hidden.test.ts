@@ -49,6 +49,7 @@ describe('GpuController while the tab is hidden', () => {
       confirm: async () => false,
       reportError: () => undefined
     });
+    controller.setStatusVisible(true);
     await vi.advanceTimersByTimeAsync(0);
     expect(asked).toBe(1);
     setVisibility('hidden');

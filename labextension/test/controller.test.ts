@@ -16,9 +16,10 @@ import {
   suspendNotice
 } from '../src/controller';
 import { DeviceHistory } from '../src/history';
+import { kernelRows, notebookActions, REFUSED_TEXT } from '../src/model';
 import { DEFAULT_SETTINGS } from '../src/settings';
 import { GpuStream } from '../src/stream';
-import { IKernelView } from '../src/types';
+import { IKernelView, ISnapshot } from '../src/types';
 import { at, GIB, holdersSnapshot, twoGpus } from './fixtures';
 import { FakeSocket } from './sockets';
 
@@ -47,7 +48,7 @@ const OK: IKernelView = { status: 'ok', device: 0, device_source: 'the server (l
 
 type Answer = (kernelId: string) => Promise<IKernelView>;
 
-function setup(over: Partial<IControllerOptions> = {}) {
+function setup(over: Partial<IControllerOptions> = {}, fetchSnapshot?: () => Promise<ISnapshot>) {
   const sockets: FakeSocket[] = [];
   const stream = new GpuStream({
     url: i => `ws://x/gpuctx/api/stream?interval=${i}`,
@@ -56,6 +57,7 @@ function setup(over: Partial<IControllerOptions> = {}) {
       sockets.push(s);
       return s;
     },
+    fetchSnapshot,
     interval: 1,
     random: () => 0
   });
@@ -82,6 +84,7 @@ function setup(over: Partial<IControllerOptions> = {}) {
     random: () => 0,
     ...over
   });
+  controller.setStatusVisible(true); // a page whose status bar is shown, as JupyterLab's is
   return {
     controller,
     stream,
@@ -249,6 +252,39 @@ describe('GpuController: the kernel-view poll', () => {
     v.controller.dispose();
   });
 
+  it('says what to do when an action is refused with a bare 403 (the login expired)', async () => {
+    const t = setup({
+      kernelAction: async () => {
+        throw httpError(403, 'Forbidden');
+      }
+    });
+    await t.controller.runAction({ kernelId: 'k9', action: 'interrupt', label: 'a.ipynb' });
+    expect(t.errors).toEqual([['Could not interrupt the kernel of a.ipynb', REFUSED_TEXT]]);
+    t.controller.dispose();
+  });
+
+  it('a notebook shown again after its kernel went says so, not "asking…" for ever', async () => {
+    const t = setup();
+    t.answer(async kernelId => {
+      if (kernelId === 'k1') {
+        throw httpError(404, 'no kernel');
+      }
+      return OK;
+    });
+    t.notebooks.show(notebook('k1', 'a.ipynb'));
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.kernelView?.status).toBe('gone');
+    t.notebooks.show(notebook('k2', 'b.ipynb'));
+    t.notebooks.show(notebook('k1', 'a.ipynb'));
+    await vi.advanceTimersByTimeAsync(10000);
+    expect(t.controller.kernelView?.status).toBe('gone');
+    expect(t.controller.statusView().text).toBe('GPU –');
+    expect(t.requests.filter(r => r.kernelId === 'k1')).toHaveLength(1);
+    t.controller.dispose();
+  });
+
   it('backs off while the server does not answer, capped at 30 s, and is back at once when it returns', async () => {
     const t = setup();
     t.notebooks.show(notebook('k1'));
@@ -314,6 +350,31 @@ describe('GpuController: the kernel-view poll', () => {
 });
 
 describe('GpuController: the stream, staleness and the status bar', () => {
+  it('streams and asks nothing while the status bar is hidden and no panel shows, and resumes when it shows', async () => {
+    const t = setup();
+    t.notebooks.show(notebook('k1'));
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.sockets).toHaveLength(1);
+    t.sockets[0].open();
+    t.controller.setStatusVisible(false); // View → Show Status Bar, unticked
+    expect(t.sockets[0].closed).toBe(true);
+    expect(t.stream.state).toBe('idle');
+    expect(t.controller.polling).toBe(false);
+    const asked = t.requests.length;
+    await vi.advanceTimersByTimeAsync(60000);
+    expect(t.sockets).toHaveLength(1);
+    expect(t.requests).toHaveLength(asked);
+    t.controller.setStatusVisible(true); // shown again: live again at once
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.sockets).toHaveLength(2);
+    expect(t.requests).toHaveLength(asked + 1);
+    t.controller.setPanelVisible(true);
+    t.controller.setStatusVisible(false); // the panel alone is reason enough
+    expect(t.sockets).toHaveLength(2);
+    expect(t.sockets[1].closed).toBe(false);
+    t.controller.dispose();
+  });
+
   it('opens the stream for the panel or the status item, and feeds the history', () => {
     const t = setup();
     expect(t.sockets).toHaveLength(0);
@@ -378,6 +439,46 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     await vi.advanceTimersByTimeAsync(5000);
     t.sockets[t.sockets.length - 1].open();
     expect(t.controller.health).toMatchObject({ connection: 'open', outage: false });
+    t.controller.dispose();
+  });
+
+  it('says access was refused, never "offline", when the server answers 403, and stops knocking', async () => {
+    // The page's login expired: the socket's handshake fails, and the REST read says why.
+    const forbidden = () => httpError(403, 'Forbidden');
+    const t = setup({}, () => Promise.reject(forbidden()));
+    t.answer(() => Promise.reject(forbidden()));
+    t.notebooks.show(notebook('k1'));
+    t.controller.setPanelVisible(true);
+    t.sockets[0].drop();
+    await vi.advanceTimersByTimeAsync(0);
+    const state = t.controller.health.state;
+    expect(state).toMatchObject({ kind: 'refused', down: true, badge: 'access refused' });
+    expect(state.text).toContain('Reload the page or log in again');
+    expect(state.text).not.toMatch(/offline|retrying/i);
+    expect(t.controller.statusView()).toMatchObject({ text: 'GPU …', badge: 'access refused' });
+    expect(t.controller.kernelView).toMatchObject({ status: 'refused' });
+    expect(t.controller.kernelView?.reason).toContain('log in again');
+    await vi.advanceTimersByTimeAsync(120000);
+    expect(t.sockets).toHaveLength(1); // no reconnects
+    expect(t.requests).toHaveLength(1); // the kernel is not asked again
+    expect(t.controller.health.state.kind).toBe('refused');
+    t.controller.dispose();
+  });
+
+  it("a kernel this page may not read (403) is said so, not asked again, and offers no actions", async () => {
+    const t = setup();
+    t.answer(() => Promise.reject(httpError(403, 'Forbidden')));
+    t.notebooks.show(notebook('k1'));
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    await vi.advanceTimersByTimeAsync(0);
+    expect(t.controller.health.state.kind).toBe('live'); // the GPU data still flows
+    expect(t.controller.kernelView).toMatchObject({ status: 'refused' });
+    await vi.advanceTimersByTimeAsync(60000);
+    expect(t.requests).toHaveLength(1);
+    expect(kernelRows(t.controller.kernelView)).toEqual([{ label: 'GPU view', value: REFUSED_TEXT }]);
+    const input = { kernelId: 'k1', kernelStatus: 'idle', snapshot: null, down: false };
+    expect(notebookActions({ ...input, view: t.controller.kernelView })).toEqual([]);
     t.controller.dispose();
   });
 

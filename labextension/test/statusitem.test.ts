@@ -1,4 +1,5 @@
 // @vitest-environment jsdom
+import { Panel, Widget } from '@lumino/widgets';
 import { describe, expect, it } from 'vitest';
 
 import { IStatusView } from '../src/model';
@@ -50,5 +51,23 @@ describe('GpuStatusItem', () => {
     expect(item.node.dataset.gpuctxDevice).toBeUndefined();
     expect(item.hasClass('jp-gpuctx-mod-warn')).toBe(false);
     expect(item.hasClass('jp-gpuctx-stale')).toBe(false);
+  });
+
+  it('says when it is on screen: not while the status bar is hidden, nor while JupyterLab hides it', () => {
+    const bar = new Panel(); // the status bar, its items as children
+    const item = new GpuStatusItem(() => undefined);
+    const seen: boolean[] = [];
+    item.visibilityChanged.connect((_, visible) => seen.push(visible));
+    bar.addWidget(item);
+    Widget.attach(bar, document.body);
+    expect(seen).toEqual([true]);
+    bar.hide(); // View → Show Status Bar, unticked
+    bar.show();
+    item.hide(); // another kind of tab: JupyterLab hides the item
+    bar.hide();
+    bar.show(); // the bar comes back, the item stays hidden: nothing said
+    item.show();
+    Widget.detach(bar);
+    expect(seen).toEqual([true, false, true, false, true, false]);
   });
 });

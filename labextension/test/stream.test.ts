@@ -142,6 +142,34 @@ describe('GpuStream', () => {
     expect(sockets[1].url).toContain('interval=5');
   });
 
+  it('stops knocking when the server refuses the page (403), and tries again on a new demand', async () => {
+    // A browser says nothing about why a websocket failed; the REST read's 403 does.
+    const refused = () => Promise.reject(Object.assign(new Error('Forbidden'), { response: { status: 403 } }));
+    const { stream, sockets, timers } = setup(refused);
+    stream.demand('panel', true);
+    sockets[0].drop(); // the handshake was refused
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(stream.state).toBe('refused');
+    expect(timers.filter(t => !t.cleared)).toHaveLength(0); // no retry scheduled
+    stream.demand('statusbar', true);
+    expect(sockets).toHaveLength(1);
+    stream.demand('panel', false);
+    stream.demand('statusbar', false);
+    expect(stream.state).toBe('idle');
+    stream.demand('panel', true); // shown again (or reloaded, logged in again): one new try
+    expect(sockets).toHaveLength(2);
+  });
+
+  it('an outage is retried as before: a read that gets no answer is no refusal', async () => {
+    const { stream, sockets, timers } = setup(() => Promise.reject(new TypeError('Failed to fetch')));
+    stream.demand('panel', true);
+    sockets[0].drop();
+    await new Promise(resolve => setTimeout(resolve, 0));
+    expect(stream.state).toBe('waiting');
+    timers[0].fn();
+    expect(sockets).toHaveLength(2);
+  });
+
   it('reads the snapshot over REST when it starts', async () => {
     const { stream, got } = setup(async () => NO_GPU);
     stream.demand('panel', true);
