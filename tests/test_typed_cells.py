@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import urllib.parse
+
+import websocket  # websocket-client, a jupyter_server dependency
+
+from gpuctx_jupyter import contract
 
 from .harness.kernels import reply_to, run, start, stop
 from .harness.notebooks import notebook
@@ -89,6 +94,76 @@ def test_a_new_notebook_typed_cell_by_cell_gets_each_cells_needs_warmed_before_i
         ks.close()
     log = srv.log()
     assert MARK not in log and "AdamW(model" not in log and "opt.step" not in log
+
+
+def on_control(ks, msg_type: str, content: dict, timeout: float = 60) -> dict:
+    """One request on the kernel's control channel through its websocket, as the server's suspend
+    sends it; the reply's content."""
+    msg_id = ks.send(msg_type, content, channel="control")
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        ks.ws.settimeout(left)
+        try:
+            msg = json.loads(ks.ws.recv())
+        except websocket.WebSocketTimeoutException:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"].endswith("_reply"):
+            return msg["content"]
+    raise AssertionError(f"no reply to {msg_type} within {timeout:g} s")
+
+
+def probe_site(tmp_path, *names: str) -> str:
+    """Installed packages (outside the notebook's folder) that typed cells import; their folder."""
+    site = tmp_path / "lib" / "site-packages"
+    for name in names:
+        (site / name).mkdir(parents=True)
+        (site / name / "__init__.py").write_text("")
+    return str(site)
+
+
+def test_cells_taken_while_a_suspend_asks_the_kernels_consent_are_warmed_all_the_same(server_factory, tmp_path):
+    """Typed cells answered 202 are warmed, whatever comes next. Here they wait behind a warm-up
+    waiting for its turn, and a suspend's consent gives that warm-up up (the suspend then fails, as
+    when the host has no room): the kernel warms the cells once it runs again. The frontend does not
+    send cells it was told were taken a second time, so nothing else would warm them."""
+    site = probe_site(tmp_path, "gpuctx_probe_first", "gpuctx_probe_typed")
+    srv = server_factory(env={"PYTHONPATH": site})
+    kid = srv.start_kernel(path=new_notebook(tmp_path))
+    ks = srv.channels(kid)
+    try:
+        ks.wait_ready()
+        settled(srv, kid)
+        held = ks.execute("from gpuctx_jupyter.kernel.warm import scheduler\n"
+                          "scheduler.HEAVY_IDLE_S = 600  # an import's turn: 10 min after the last cell")
+        assert held.reply["status"] == "ok", held.text
+        first = ["import torch\nimport gpuctx_probe_first"]
+        assert put(srv, kid, first)[0] == 202
+        wait_for(lambda: ("import gpuctx_probe_first", "planned") in
+                 {(s["name"], s["state"]) for s in (view(srv, kid)["plan"] or {"steps": []})["steps"]}, timeout=60)
+        status, answer = put(srv, kid, [*first, "import gpuctx_probe_typed"])  # typed on
+        assert status == 202 and answer["status"] == "ok" and answer["planned"] >= 1, answer
+
+        # (ipykernel answers a cell before its post-handler hook ends it: a consent then is refused)
+        consent = wait_for(lambda: (c := on_control(ks, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"}))
+                           ["status"] == "ok" and c, timeout=10)
+        assert consent["pid"], consent  # consented: the warm-up waiting for its turn was given up for it
+        assert on_control(ks, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["state"] == "running"
+        assert ks.execute("scheduler.HEAVY_IDLE_S = 0.0").reply["status"] == "ok"
+
+        seen = {}
+
+        def typed_done():
+            seen.update(view(srv, kid))
+            return steps(seen).get("import gpuctx_probe_typed", {}).get("state") == "done"
+
+        try:
+            wait_for(typed_done, timeout=60)
+        except AssertionError:
+            raise AssertionError(f"the typed cell's import was not warmed: {seen['warmup']}, "
+                                 f"{[(s['name'], s['state'], s['detail']) for s in seen['plan']['steps']]}") from None
+        assert ks.execute("import sys; print('gpuctx_probe_typed' in sys.modules)").stdout.strip() == "True"
+    finally:
+        ks.close()
 
 
 def test_cells_without_a_gpu_framework_warm_nothing_and_reach_only_their_kernel(server_factory, tmp_path):
@@ -356,6 +431,24 @@ def test_merging_keeps_what_was_done_and_its_record():
     assert merged.steps[1] is torch and merged.steps[3] is gpu  # done or decided: never again
     assert [s.state for s in merged.steps[2:]] == ["planned", "skipped", "planned"]  # the budget's: tried again
     assert [s.name for s in merged.steps if s.state == "planned"] == ["import big", "optimizer step (AdamW)"]
+
+
+def test_steps_given_up_for_a_suspend_are_warmed_by_typed_cells_that_still_need_them():
+    """A suspend's consent gives the warm-up's steps up and the kernel's resume takes them again,
+    unless a warm-up runs by then: typed cells taken up first (their plan kept until it is made)
+    must not leave those steps skipped for a suspend that is over."""
+    from gpuctx_jupyter.kernel.suspend import STOPPING
+    from gpuctx_jupyter.kernel.warm.plan import Plan, Step
+    from gpuctx_jupyter.kernel.warm.typed import merge
+
+    torch = Step("framework", "import torch", module="torch", framework="torch", state="done", seconds=3.0)
+    given_up = Step("import", "import big", module="big", state="skipped", detail=STOPPING)
+    derived = Plan(recipe="notebook", steps=[Step("import", "import torch", module="torch", framework="torch"),
+                                             Step("import", "import big", module="big"),
+                                             Step("import", "import typed", module="typed")])
+    merged = merge(derived, Plan(recipe="notebook", steps=[torch, given_up]))
+    assert merged.steps[0] is torch  # done: never again
+    assert [s.name for s in merged.steps if s.state == "planned"] == ["import big", "import typed"]
 
 
 def test_gpu_work_that_waited_for_a_typed_device_line_is_warmed_once_that_line_has_run():

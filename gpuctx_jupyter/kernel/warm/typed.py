@@ -11,6 +11,13 @@ left to the user's own GPU cell is kept as it is (never done twice; GPU work tha
 typed device or setting line is done once that line has run: _kept); what is new is carried out
 next, in the order the cells need it, taking turns with the user's cells as every warm-up does.
 
+Cells answered "ok" are kept until the warm-up has made their plan (_Kept): a plan waiting behind
+a running warm-up is dropped with it when that warm-up is given up for a suspend's consent, steps
+aside for the user's GPU cell or fails, and no plan starts while a suspend is under way — the
+frontend never sends cells it was told were taken again, so the kernel hands them to its warm-up
+again once it can (no warm-up running, none held; not after a warm-up they were handed to failed
+before it made them), and the steps a consent gave up are planned again where the cells need them.
+
 Refused, with one sentence, where warming is off (GPUCTX_WARM=0, policy never), fixed (the basic
 recipe) or not for a notebook (a standby of the pool); put off where the kernel is suspended. Nothing of
 the cells' text is logged or sent back: the reply carries counts.
@@ -18,6 +25,9 @@ the cells' text is logged or sent back: the reply carries counts.
 from __future__ import annotations
 
 import os
+import threading
+import time
+import weakref
 
 from ...contract import SESSION, STANDBY_RECIPE, opted_out
 from ...contract import notebook as nbread
@@ -56,10 +66,66 @@ def accept(state, shell, content) -> dict:
     if not new:
         return {**reply, "warmup": warmer.status.state, "detail": "nothing new to warm for these cells"}
     warmer.import_budget = cfg.import_budget
-    warmer.replan(lambda previous: merge(typed_plan(cfg, path, facts, getattr(state.switcher, "base", None)),
-                                         previous), SOURCE)  # (the choice when it is made: a cell may have run)
+    keep(state, shell, lambda previous: merge(typed_plan(cfg, path, facts, getattr(state.switcher, "base", None)),
+                                              previous))  # (the choice when it is made: a cell may have run)
     return {**reply, "planned": len(new), "warmup": warmer.status.state,
             "detail": f"{len(new)} step(s) to warm for these cells, when it is their turn"}
+
+
+RETRY_S = 0.25  # how often cells not taken up yet look whether the warm-up can take them
+HELD_RETRY_S = 1.0  # ... while a suspend holds every plan back (it may last hours)
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Warmer -> _Kept
+_LOCK = threading.Lock()
+
+
+class _Kept:
+    """The newest typed plan of one kernel's warm-up that it has not made yet, and the thread that
+    hands it over again until it has."""
+
+    def __init__(self):
+        self.make = None  # make_plan(previous) of the newest cells answered "ok", until it is made
+        self.watching: threading.Thread | None = None
+
+
+def keep(state, shell, make_plan) -> None:
+    """Hand `make_plan` to the warm-up (next, or now when none runs), and again until it is made."""
+    warmer = state.warmer
+    with _LOCK:
+        kept, taken = _KEPT.setdefault(warmer, _Kept()), []
+
+        def made(previous):
+            """Taken up: from here on its steps are the warm-up's plan (a suspend's consent gives
+            them up, the resume takes them again). Made once (handed over twice in a race)."""
+            with _LOCK:
+                again, taken[:] = bool(taken), [True]
+                if kept.make is made:
+                    kept.make = None
+            return previous if again and previous is not None else make_plan(previous)
+
+        kept.make = made  # (a newer one replaces one not taken up yet, as the warm-up's next plan does)
+        if kept.watching is None:
+            kept.watching = threading.Thread(target=_watch, args=(state, shell, kept), name="gpuctx-typed-cells",
+                                             daemon=True)
+            kept.watching.start()
+    warmer.replan(made, SOURCE)
+
+
+def _watch(state, shell, kept: _Kept) -> None:
+    from ..state import of as state_of
+
+    warmer, handed = state.warmer, False
+    while True:
+        time.sleep(HELD_RETRY_S if warmer.held() else RETRY_S)
+        with _LOCK:
+            make = kept.make
+            # made; gpuctx unloaded; or the warm-up it was handed to failed before it made it (not again)
+            if make is None or state_of(shell) is not state or (handed and not warmer.running
+                                                                 and warmer.status.state == "failed"):
+                kept.make = kept.watching = None
+                return
+        if not warmer.running and not warmer.held():  # dropped, or refused while a suspend was under way
+            warmer.replan(make, SOURCE)
+            handed = True
 
 
 def refusal(state, cfg: GpuWarmup) -> str | None:
@@ -110,13 +176,16 @@ def _kept(step: Step, derived: Plan) -> bool:
     do, or skipped when it ran — no GPU here, left to the user's own GPU cell (warming it again would
     only cost a second set of library handles). Tried again: an import the budget left out, GPU
     work that waited for a set-up or device line the new plan no longer waits for (its cell has
-    run; done on the CPU meanwhile, or skipped), and a setting (what the environment says now
-    decides)."""
+    run; done on the CPU meanwhile, or skipped), a setting (what the environment says now
+    decides), and a step given up for a suspend's consent (the kernel runs again: typed cells
+    taken up before its resume took them again still need it)."""
+    from ..suspend import STOPPING
+
     if step.waits and not derived.gpu_blocked and step.state in ("done", "skipped"):
         return False
     if step.state != "skipped":
         return True
-    return not ("import budget" in step.detail or step.kind == "setup")
+    return not ("import budget" in step.detail or step.kind == "setup" or step.detail == STOPPING)
 
 
 def merge(derived: Plan, previous: Plan | None) -> Plan:
