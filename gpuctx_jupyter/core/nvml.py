@@ -109,7 +109,7 @@ def read_records() -> list[GpuRecord]:
 def _identified(gpu: GpuRecord) -> GpuRecord:
     """`gpu` with the identity its NVML index last had where it can no longer say (lost): so it
     keeps its place in CUDA's order (by bus id) and its history (by UUID), and says which it is."""
-    if gpu.uuid and gpu.pci_bus_id and gpu.compute_capability:
+    if gpu.error is None and gpu.uuid:
         _known[gpu.nvml_index] = (gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.compute_capability)
         return gpu
     known = _known.get(gpu.nvml_index)
