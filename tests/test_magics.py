@@ -697,3 +697,29 @@ def test_doctor_checks_the_driver_against_torch_before_it_is_imported(shell, nvm
     out = " ".join(capsys.readouterr().out.split())
     assert "torch 2.99.0+cu140, CUDA 14.0 build (read from its installed package); not imported yet" in out
     assert "✗ torch built for CUDA 14.0, but the driver supports only up to 13.0" in out
+
+
+def test_a_cell_and_the_warm_ups_prepare_asking_for_the_workers_at_once_share_one(shell, monkeypatch):
+    """The warm-up's thread prepares the workers a notebook starts while a cell may run
+    `%gpu workers`: each made its own GpuWorkers, and the line never found the prepared ones
+    (two sets of workers). Now the kernel makes one, whoever asks first."""
+    import threading
+    import time
+
+    from gpuctx_jupyter.kernel import workers
+
+    made, real_init = [], workers.GpuWorkers.__init__
+
+    def slow_init(self, *args, **kwargs):
+        made.append(self)
+        time.sleep(0.2)  # (the window two askers have to meet in)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(workers.GpuWorkers, "__init__", slow_init)
+    state, magics = shell._gpuctx, shell.magics_manager.registry["GpuMagics"]
+    got = []
+    warm_up = threading.Thread(target=lambda: got.append(state.workers_of(shell)))
+    warm_up.start()
+    got.append(magics.workers)
+    warm_up.join()
+    assert len(made) == 1 and got[0] is got[1]

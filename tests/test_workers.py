@@ -7,6 +7,7 @@ import os
 import re
 import signal
 
+import psutil
 import pytest
 
 from .harness import kernels
@@ -276,6 +277,48 @@ def test_without_ipyparallel_start_says_how_to_install_it_and_starts_nothing(wor
     assert r.reply["evalue"] == ("%gpu workers runs on ipyparallel, which is not installed in this kernel: pip install "
                                  "ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel")
     assert {p.pid for p in tree(pid)} <= before
+
+
+def test_a_controller_that_dies_mid_cell_is_one_line_at_once_and_leaves_nothing(tmp_path):
+    """The workers' ipyparallel controller killed while a cell runs on them (the out-of-memory
+    killer, say): its schedulers, which outlived it, went on relaying the cell; killed with it, the
+    cell waited for the ranks' cell to end and ~50 s more (the engines' heartbeat misses), then
+    blamed a rank. The schedulers ran on, nobody's, after the kernel too."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx\nkept = 42").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        controller = psutil.Process(int(run(kc, "print(get_ipython()._gpuctx.workers.cluster.controller.pid)").stdout))
+        every = [*tree(kernel_pid(kc)), *controller.children(recursive=True)]
+        msg_id = kc.execute(f"%%on_gpu all\nimport pathlib, time, torch.distributed as dist\n"
+                            f"pathlib.Path({str(tmp_path)!r}, f'inside-{{dist.get_rank()}}').touch()\ntime.sleep(600)")
+        wait_for(lambda: all((tmp_path / f"inside-{r}").exists() for r in (0, 1)), timeout=60)
+        controller.kill()
+        reply = reply_to(kc, msg_id, timeout=60)["content"]  # long before the ranks' cell ends
+        assert reply["status"] == "error" and reply["ename"] == "UsageError", reply
+        says = reply["evalue"]
+        assert says.startswith("the cell was cut off: the ipyparallel controller exited (killed by SIGKILL)"), says
+        assert says.endswith("; the workers were stopped, as nothing reaches them or comes back from them without it; "
+                             "`%gpu workers start` starts new ones") and "\n" not in says
+        wait_idle(kc, msg_id)
+        wait_for(lambda: gone(every), timeout=60)  # the ranks, and what the controller had started
+        assert run(kc, "print(kept)").stdout.strip() == "42"  # the kernel goes on, with the notebook's names
+        assert "none: `%gpu workers start all`" in run(kc, "%gpu workers").text
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_an_error_of_several_workers_is_said_by_its_first_worker():
+    """A result asked of several workers fails with ipyparallel's CompositeError, whose own name and
+    value are None: the line said `a worker failed to say who they are: None: None`."""
+    from ipyparallel import error
+
+    from gpuctx_jupyter.kernel import worker_processes
+
+    died = error.CompositeError("one or more exceptions raised in: identity", [
+        ("EngineError", "Engine 1 died while running task 'abc'", "traceback", {"engine_id": 1, "method": "apply"})])
+    assert worker_processes.error_text(died) == "EngineError: Engine 1 died while running task 'abc' (engine 1)"
+    assert worker_processes.error_text(ValueError("plain")) == "ValueError: plain"
 
 
 def test_workers_end_with_the_extension_and_their_kernel_on_restart_and_on_sigkill(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from .harness import kernels
 from .harness.faults import pool_of
 from .harness.gpus import NO_GPU
-from .harness.kernels import run
+from .harness.kernels import reply_to, run, wait_idle
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
 from .harness.workers import STATE, WHO, gone, kernel_pid, tree, whos, workers_state
@@ -135,6 +135,52 @@ def test_imports_that_do_not_finish_in_time_give_way_to_the_usual_start(tmp_path
         assert "gpuctx: 2 workers ready in" in r.stdout
         assert not zygotes_below(kernel_pid(kc))
         assert "did not finish within 4 s" in run(kc, "%gpu workers stop\n%gpu workers").text
+    finally:
+        kernels.stop(km, kc)
+
+
+# The controller's fork held in the kernel until the test lets it go, as a loaded machine's slow
+# answer would hold it (the process that did the workers' imports answers one request at a time).
+HOLD = """
+import os, pathlib, time
+from gpuctx_jupyter.kernel import worker_zygote
+zygote = worker_zygote.current()
+fork = zygote.fork
+
+def held(argv, *args, **kwargs):
+    if "controller" in argv and not os.path.exists(%(release)r):
+        pathlib.Path(%(holding)r).touch()
+        while not os.path.exists(%(release)r):
+            time.sleep(0.02)
+    return fork(argv, *args, **kwargs)
+
+zygote.fork = held
+"""
+
+
+def test_an_interrupted_start_leaves_no_worker_forked_for_it(tmp_path):
+    """Interrupt while the line waits for a fork: the fork goes on in ipyparallel's thread while the
+    line stops what it knows of; the process it gives finds its folder gone and ends at once, and
+    the line works again."""
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    km, kc, _ = standby_kernel(tmp_path)
+    try:
+        zygote = psutil.Process(imports_ready(kc)["pid"])
+        assert run(kc, HOLD % {"holding": str(holding), "release": str(release)}).reply["status"] == "ok"
+        msg_id = kc.execute(START)
+        wait_for(holding.exists, timeout=120)  # the controller's fork waits
+        km.interrupt_kernel()
+        release.touch()  # the fork is done as the line stops what it started
+        reply = reply_to(kc, msg_id, timeout=120)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        wait_idle(kc, msg_id)
+        wait_for(lambda: workers_state(kc)["imports"]["forked"] >= 1, timeout=120, every=0.3)
+        wait_for(lambda: not zygote.children(), timeout=30)
+        r = run(kc, START, timeout=300)  # the line works after it, forked
+        assert "(forked with their imports done ahead)" in r.stdout and "2 workers ready" in r.stdout, r.text
+        stopped = run(kc, "%gpu workers stop").stdout.strip()
+        assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
+        wait_for(lambda: not zygote.children(), timeout=60)
     finally:
         kernels.stop(km, kc)
 

@@ -4,6 +4,9 @@ ipykernel processes started as the server's hook starts them, real ipyparallel e
 workers on gloo: no GPU in CI)."""
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 from .harness import kernels
@@ -106,5 +109,153 @@ def test_turned_off_nothing_is_prepared_and_the_listing_says_so(tmp_path):
         assert wait_for(said, timeout=120, every=0.3) == "not prepared ahead (c.GpuWorkers.prepare is off)"
         assert workers_state(kc)["prepared"] is None
         assert not [p for p in tree(kernel_pid(kc)) if "worker_entry" in " ".join(p.cmdline())]
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_a_prepared_worker_that_dies_is_said_and_the_line_starts_new_ones(tmp_path):
+    """A prepared worker killed before the line runs (the out-of-memory killer, say): ipyparallel's
+    launchers of prepared workers never noticed an end (they ran on a loop closed once the workers
+    were started), `%gpu workers` kept asking the dead worker how far its imports were, and the line
+    adopted the rest and failed half a minute later with `None: None`."""
+    km, kc, _ = start_kernel(tmp_path)
+    try:
+        prep = prepared(kc)
+        old = processes(prep["pids"])  # the controller, rank 0, rank 1
+        imports_done(kc)
+        os.kill(prep["pids"][2], signal.SIGKILL)
+
+        def said():
+            text = run(kc, "%gpu workers").text
+            return "killed by SIGKILL" in text and text
+        listing = wait_for(said, timeout=60, every=0.3)
+        assert f"prepared for `{START}` (cell 1, line 1)" in listing, listing
+        assert "but worker 1 exited (killed by SIGKILL)" in listing, listing
+        assert "the line stops them and starts new ones" in listing
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok", r.text
+        assert f"gpuctx: stopping the workers prepared for `{START}`: worker 1 exited (killed by SIGKILL)" in r.stdout
+        assert "; starting new ones" in r.stdout and "gpuctx: 2 workers ready in" in r.stdout, r.stdout
+        wait_for(lambda: gone(old), timeout=60)
+        ranks = whos(run(kc, WHO).text)
+        assert len(ranks) == 2 and not {w["pid"] for w in ranks} & set(prep["pids"])
+        every = tree(kernel_pid(kc))
+    finally:
+        kernels.stop(km, kc)
+    wait_for(lambda: gone(every), timeout=60)
+
+
+def worker_processes_below(kc) -> list:
+    """The workers' controllers and engines below the kernel (not the controllers' own children)."""
+    found = []
+    for p in tree(kernel_pid(kc)):
+        try:
+            cmd = p.cmdline()
+            if "gpuctx_jupyter.kernel.worker_entry" in cmd and "worker_entry" not in " ".join(p.parent().cmdline()):
+                found.append(cmd[cmd.index("gpuctx_jupyter.kernel.worker_entry") + 1])
+        except Exception:  # noqa: BLE001 — (a process that ended meanwhile)
+            pass
+    return sorted(found)
+
+
+def test_the_line_run_while_its_workers_are_still_being_prepared_never_starts_a_second_set(tmp_path):
+    """The line runs while the workers prepared for it are still starting, longer than
+    c.GpuWorkers.start_timeout (their imports forked from a process still importing, say): the line
+    stopped waiting and started a second set beside them, which the prepare then overwrote — two
+    controllers and four engines, one folder left behind. The prepare is held here in its launch,
+    where the kernel runs it, as long as the test says."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx\n%gpu workers").reply["status"] == "ok"
+        held = run(kc, "import threading\nw = get_ipython()._gpuctx.workers\nhold = threading.Event()\n"
+                       "launch = w._launch_local\n"
+                       "def held(*args, **kwargs):\n"
+                       "    if threading.current_thread().name == 'gpuctx-workers-prepare':\n"
+                       "        hold.wait(600)\n"
+                       "    return launch(*args, **kwargs)\n"
+                       "w._launch_local = held\nw.start_timeout = 2\nw.stop_wait = 0.5\n"
+                       f"print(w.prepare_for({START.split('start ', 1)[1]!r}, 'cell 1, line 1'))")
+        assert held.stdout.strip() == "True", held.text
+        r = run(kc, START, timeout=120)
+        assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError", r.text
+        assert r.reply["evalue"] == (f"the workers prepared ahead for `{START}` are still starting after 2 s "
+                                     "(c.GpuWorkers.start_timeout): run the line again once `%gpu workers` lists them, "
+                                     "or `%gpu workers stop` them")
+        assert worker_processes_below(kc) == []  # nothing started beside them
+        said = run(kc, "%gpu workers stop").stdout.strip()
+        assert said == f"gpuctx: the workers being prepared for `{START}` stop as soon as their start ends", said
+        assert "stop as soon as their start ends" in run(kc, "%gpu workers").text
+        run(kc, "hold.set()")  # their start ends: what it started stops
+        wait_for(lambda: "were stopped by `%gpu workers stop`" in run(kc, "%gpu workers").text, timeout=120, every=0.3)
+        wait_for(lambda: worker_processes_below(kc) == [], timeout=60)
+        run(kc, "w.start_timeout = 300")
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok" and "gpuctx: 2 workers ready in" in r.stdout, r.text
+        assert worker_processes_below(kc) == ["controller", "engine", "engine"]
+        every = tree(kernel_pid(kc))
+        stopped = run(kc, "%gpu workers stop").stdout.strip()
+        assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
+        wait_for(lambda: gone(every), timeout=60)
+    finally:
+        kernels.stop(km, kc)
+
+
+# A prepare asked for by the warm-up's plan (another thread) just as the line starts: the prepare
+# is held where it takes the workers' lock, and let go once the line waits for that lock too, or
+# has gone past where it would (it then waits until the prepare was started or refused).
+RACE = """
+import threading, time
+w = get_ipython()._gpuctx.workers
+lock, waiting, placing, asked = w._lock, set(), threading.Event(), threading.Event()
+
+class Watched:
+    def __enter__(self):
+        waiting.add(threading.current_thread().name)
+        lock.acquire()
+        waiting.discard(threading.current_thread().name)
+
+    def __exit__(self, *exc):
+        lock.release()
+
+w._lock = Watched()
+lock.acquire()
+threading.Thread(target=lambda: (w.prepare_for(%r, 'cell 1, line 1'), asked.set()), name='plan').start()
+while 'plan' not in waiting:
+    time.sleep(0.005)
+
+def let_go():
+    while 'MainThread' not in waiting and not placing.is_set():
+        time.sleep(0.005)
+    lock.release()
+
+threading.Thread(target=let_go).start()
+placement = w._local_placement
+
+def placed(*args, **kwargs):
+    placing.set()
+    asked.wait(60)
+    return placement(*args, **kwargs)
+
+w._local_placement = placed
+"""
+
+
+def test_a_prepare_asked_for_as_the_line_starts_is_either_adopted_or_never_started(tmp_path):
+    """The warm-up's plan asks for the notebook's workers (another thread) just as the line starts:
+    the prepare read "not asked by hand" before the line said so, and started its own set after the
+    line had looked for one — two controllers and four engines, one folder left behind."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx\n%gpu workers").reply["status"] == "ok"
+        assert run(kc, RACE % START.split("start ", 1)[1]).reply["status"] == "ok"
+        r = run(kc, START, timeout=300)
+        assert r.reply["status"] == "ok" and "gpuctx: 2 workers ready in" in r.stdout, r.text
+        wait_for(lambda: run(kc, "print(w._prepare_thread is None or not w._prepare_thread.is_alive())").stdout.strip()
+                 == "True", timeout=120, every=0.3)
+        assert worker_processes_below(kc) == ["controller", "engine", "engine"]
+        every = tree(kernel_pid(kc))
+        stopped = run(kc, "%gpu workers stop").stdout.strip()
+        assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
+        wait_for(lambda: gone(every), timeout=60)
     finally:
         kernels.stop(km, kc)

@@ -60,11 +60,7 @@ def _prepare_workers(st: KernelState, ip, plan) -> None:
     so that the line finds them registered and imported (kernel/workers.py, prepare_for)."""
     if plan.workers is None:
         return
-    if st.workers is None:
-        from .workers import GpuWorkers
-
-        st.workers = GpuWorkers(parent=ip)
-    st.workers.prepare_for(plan.workers, plan.workers_where)
+    st.workers_of(ip).prepare_for(plan.workers, plan.workers_where)
 
 
 def _at_kernel_start(ip) -> bool:

@@ -58,11 +58,7 @@ class GpuMagics(Magics):
     @property
     def workers(self) -> GpuWorkers:
         """%gpu workers and %%on_gpu all (made on first use; nothing starts until asked)."""
-        if self.state.workers is None:
-            from .workers import GpuWorkers
-
-            self.state.workers = GpuWorkers(parent=self.shell)
-        return self.state.workers
+        return self.state.workers_of(self.shell)
 
     @observe("follow_threads")
     def _follow_threads_changed(self, change):

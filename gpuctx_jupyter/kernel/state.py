@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import logging
 import sys
+import threading
 import time
 
 from ..core import frameworks as fws
@@ -32,7 +33,8 @@ class KernelState:
         # them: the control channel answers from its own thread, and both are per thread.
         self.cell_thread_device: tuple[int | None, str | None] | None = None
         self.suspend = None  # kernel/suspend.py's Gate, in an ipykernel (installed by extension.load)
-        self.workers = None  # GpuWorkers of `%gpu workers`, made by the magics on first use
+        self.workers = None  # GpuWorkers of `%gpu workers`, made on first use (workers_of)
+        self._making_workers = threading.Lock()
         self.loaded_in: float | None = None  # seconds `%load_ext gpuctx` took, its imports included
         # Seconds it waited ready in the warm pool, once the pool has handed it to a notebook (kept
         # here, not in os.environ: a fresh kernel has no such variable, and neither has this one)
@@ -40,6 +42,17 @@ class KernelState:
         self._interrupting = False  # this cell raises KeyboardInterrupt (_Interrupted), once
         self.cells_running = 0  # cells of the user's running now (a monitor pauses in an idle kernel)
         self.last_cell = time.monotonic()  # when the last cell ended (or gpuctx was loaded)
+
+    def workers_of(self, shell):
+        """The kernel's one GpuWorkers, made on first use: by a cell (`%gpu workers`) or by the
+        warm-up's thread preparing what the notebook starts, maybe at the same moment — two would
+        each start their own workers, and the line would not find the prepared ones."""
+        with self._making_workers:
+            if self.workers is None:
+                from .workers import GpuWorkers
+
+                self.workers = GpuWorkers(parent=shell)
+            return self.workers
 
     def _warmup_starting_cuda(self) -> bool:
         """Whether the warm-up is in torch's lazy CUDA init right now (not merely running: a cell

@@ -17,6 +17,8 @@ What can go wrong, and what the user gets:
 - a rank that ignores the interrupt (stuck in C code, in a collective) for `interrupt_grace` s, or
   a worker that dies: the workers are stopped (their process group cannot go on without a
   member), and a one-line UsageError says so. Nothing is left running.
+- their ipyparallel controller ends (killed, out of memory): nothing reaches the workers or comes
+  back from them without it, so they are stopped at once, with a one-line UsageError.
 """
 from __future__ import annotations
 
@@ -188,6 +190,11 @@ class CellRun:
     def run(self):
         __tracebackhide__ = True  # noqa: F841 — the ranks' tracebacks are what matters
         workers = self.workers
+        cut_off = workers.ended(controller_only=True)
+        if cut_off:
+            self._stop_all()
+            raise UsageError(one_line(f"the cell did not run: {cut_off}; the workers were stopped, as nothing reaches "
+                                      "them without it; `%gpu workers start` starts new ones"))
         gone = workers.died()
         if gone:
             exit_words = workers.exit_words(gone[0])
@@ -214,6 +221,10 @@ class CellRun:
                 except Exception:  # noqa: BLE001
                     pass
         groups.refresh(final=True)
+        if why == "controller":
+            self._stop_all()
+            raise UsageError(one_line(f"the cell was cut off: {died}; the workers were stopped, as nothing reaches "
+                                      "them or comes back from them without it; `%gpu workers start` starts new ones"))
         failures = [(w, ars[w.rank].exception()) for w in self.chosen
                     if ars[w.rank].done() and ars[w.rank].exception() is not None]
         if died or stuck:
@@ -253,7 +264,8 @@ class CellRun:
 
     def _wait(self, ars: dict, groups: Groups) -> tuple[list, list, str]:
         """Until every rank is done; returns (ranks that ignored an interrupt, ranks that died,
-        why they were interrupted: interrupt | timeout | failure | death | "")."""
+        why they were interrupted: interrupt | timeout | failure | death | ""), or ([], how the
+        controller ended, "controller") when it has."""
         workers = self.workers
         by_rank = {w.rank: w for w in self.chosen}
         pending = dict(ars)
@@ -276,6 +288,11 @@ class CellRun:
                     for w in dead:
                         groups.states[w.rank] = "died"
                     return [], dead, "death"
+                cut_off = workers.ended(controller_only=True)
+                if cut_off:  # (the ranks may finish, but their results would never come back)
+                    for rank in pending:
+                        groups.states[rank] = "cut off"
+                    return [], cut_off, "controller"
                 if now - last >= REFRESH_S:
                     groups.refresh()
                     last = now

@@ -9,6 +9,7 @@ teardown of kernel/workers.py.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 import time
@@ -76,6 +77,8 @@ class Preparing(Configurable):
         of the memory available to the kernel (its container's limit where one applies).""",
     ).tag(config=True)
 
+    stop_wait = 10.0  # seconds `%gpu workers stop` waits for a prepare under way (then it stops them itself)
+
     def _init_prepared(self) -> None:
         self.prepared: Prepared | None = None  # the workers started ahead for the notebook's line
         self.prepare_note = ""  # why none were, or what became of them
@@ -83,6 +86,8 @@ class Preparing(Configurable):
         self._environ_diff: tuple[dict, list] = ({}, [])  # what the kernel's environment gained, lost since
         self.fork_note = ""  # why the workers' imports done ahead were not used
         self._asked_by_hand = False  # `%gpu workers start` or `stop` ran: no workers are prepared again
+        self._preparing = ""  # the line whose workers the prepare under way starts ("" once it has ended)
+        self._stop_prepared = False  # `%gpu workers stop` came while they were being prepared
 
     def prepare_for(self, args: str, where: str = "") -> bool:
         """Start, in the background, the workers the notebook's `%gpu workers start ARGS` (at
@@ -91,11 +96,11 @@ class Preparing(Configurable):
         if not self.prepare:
             self.prepare_note = "not prepared ahead (c.GpuWorkers.prepare is off)"
             return False
-        if self._asked_by_hand:  # (a plan carried out again, after a suspend, names the line still)
-            return False
-        with self._lock:
-            if self.running or self.cluster is not None or self._prepare_thread is not None:
+        with self._lock:  # (the line's start or stop takes it too: a prepare starts before them, or never)
+            if (self._asked_by_hand  # (a plan carried out again, after a suspend, names the line still)
+                    or self.running or self.cluster is not None or self._prepare_thread is not None):
                 return False
+            self._preparing = start_line(args)
             self._prepare_thread = threading.Thread(target=self._prepare, args=(args, where),
                                                     name="gpuctx-workers-prepare", daemon=True)
             self._prepare_thread.start()
@@ -125,9 +130,13 @@ class Preparing(Configurable):
                 return
             warm = not args.no_warm
             environ, cwd = dict(os.environ), os.getcwd()
-            forked = self._launch(ipp, placement.gpus, n, warm, prepared=True, zygote=self._forking(say=False))
+
+            def launch():
+                forked = self._launch(ipp, placement.gpus, n, warm, prepared=True, zygote=self._forking(say=False))
+                return forked, self.cluster.connect_client_sync()
+
+            forked, client = _as_in_a_cell(launch)
             on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"
-            client = self.cluster.connect_client_sync()
             self.prepared = Prepared(text, where, n, self._key(placement.gpus, n, warm), environ, cwd, time.time(), on,
                                      forked=forked, client=client)
             self.prepare_note = ""
@@ -135,9 +144,21 @@ class Preparing(Configurable):
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {exc}")
         except Exception as exc:  # noqa: BLE001 — the line itself starts them then, and says what fails
             self.prepare_note = one_line(f"`{line}` ({where}) is not prepared ahead: {type(exc).__name__}: {exc}")
-        finally:  # nothing half-started stays
-            if self.prepared is None and self.cluster is not None and not self.running:
-                self._teardown()
+        finally:
+            self._end_prepare(line)
+
+    def _end_prepare(self, line: str) -> None:
+        """Nothing half-started stays, nor what `%gpu workers stop` asked meanwhile to stop; then
+        the prepare is over (decided under the lock the line's start and stop wait on)."""
+        while True:
+            with self._lock:
+                stop = self._stop_prepared
+                if not ((self.prepared is None or stop) and self.cluster is not None and not self.running):
+                    self._preparing = ""
+                    break
+            self._teardown()
+        if stop:
+            self.prepare_note = f"the workers prepared for `{line}` were stopped by `%gpu workers stop`"
 
     def _forking(self, say: bool):
         """The workers' imports done ahead to fork the workers from (kernel/worker_zygote.py), or
@@ -191,11 +212,29 @@ class Preparing(Configurable):
         zygote = worker_zygote.current()
         return None if zygote is None else {"pid": zygote.pid, "imported": zygote.imported(), "forked": zygote.forked}
 
-    def _await_prepare(self) -> None:
-        thread = self._prepare_thread
-        if thread is not None:
-            thread.join(self.start_timeout)
-            self._prepare_thread = None
+    def _await_prepare(self, deadline: float, stopping: bool = False) -> str:
+        """The user asked by hand (`%gpu workers start` or `stop`): nothing is prepared from now on,
+        and a prepare under way is waited for, until `deadline` (Interrupt ends the wait): its
+        workers are then adopted or stopped. Nothing else starts beside one still under way then:
+        a start is a UsageError; a stop leaves it to stop what it started as it ends, and gets the
+        line it was for ("" when none is under way)."""
+        with self._lock:
+            self._asked_by_hand = True
+            thread = self._prepare_thread
+        if thread is None:
+            return ""
+        thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            under_way = self._preparing
+            if not under_way:
+                self._prepare_thread = None
+                return ""
+            self._stop_prepared = self._stop_prepared or stopping
+        if stopping:
+            return under_way
+        raise UsageError(f"the workers prepared ahead for `{under_way}` are still starting after "
+                         f"{self.start_timeout:g} s (c.GpuWorkers.start_timeout): run the line again once "
+                         "`%gpu workers` lists them, or `%gpu workers stop` them")
 
     @staticmethod
     def _key(gpus, n: int, warm: bool) -> tuple:
@@ -207,6 +246,10 @@ class Preparing(Configurable):
         they are stopped (and why is said) and None."""
         prep = self.prepared
         if prep is None or self.cluster is None:
+            return None
+        ended = self.ended()
+        if ended:
+            self._drop_prepared(ended)
             return None
         if prep.key != key:
             self._drop_prepared(f"they were started for `{prep.line}` ({prep.where})")
@@ -236,11 +279,18 @@ class Preparing(Configurable):
         """What was started ahead for the notebook's `%gpu workers start` line, or why nothing was."""
         prep = self.prepared
         if prep is not None:
+            ended = self.ended()
+            if ended:
+                return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago, but {ended}: "
+                        "the line stops them and starts new ones")
             how = "forked with imports done ahead" if prep.forked else "the notebook's imports at low CPU priority"
             return (f"prepared for `{prep.line}` ({prep.where}) {time.time() - prep.since:.0f} s ago: {prep.count} worker"
                     f"{'s' if prep.count != 1 else ''} for {prep.on} ({how}), no CUDA, no GPU memory until the line "
                     f"adopts them — {self._ranks_state(prep)}")
-        if self._prepare_thread is not None:
+        under_way = self._preparing
+        if under_way:
+            if self._stop_prepared:
+                return f"the workers being prepared for `{under_way}` stop as soon as their start ends"
             return "preparing the workers the notebook's `%gpu workers start` line asks for …"
         return self.prepare_note
 
@@ -268,3 +318,14 @@ class Preparing(Configurable):
                 doing = f"imports done in {st['total']:.1f} s" if st["total"] is not None else "imports done"
             said.append(f"rank {st['rank']}: {doing}")
         return "; ".join(said)
+
+
+def _as_in_a_cell(fn):
+    """fn() with an asyncio loop running in this thread, as a cell runs in a kernel: ipyparallel's
+    `_sync` calls then run on the cluster's own thread and loop, which live as long as the cluster,
+    and its launchers notice their processes' ends (called from a thread without one, they ran on a
+    loop closed once the call returned: a prepared worker that died was never noticed)."""
+    async def call():
+        return fn()
+
+    return asyncio.run(call())

@@ -58,6 +58,15 @@ def boot_id() -> str:
         return socket.gethostname()
 
 
+def pid_namespace() -> str:
+    """This process's PID namespace ("pid:[4026531836]"; "" where /proc does not say): two
+    containers on one machine share its boot id, not their PIDs."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
 def parent_token(pid: int | None = None) -> str:
     """What a worker needs to know that process `pid` (default: this one) is still the same
     process: its PID, its start time (PIDs are reused) and the machine's boot id."""
@@ -220,6 +229,8 @@ def main(argv: list[str]) -> None:
     token = os.environ.get(ENV_PARENT)
     if token:
         watch_parent(token, folder=os.environ.get(ENV_FOLDER, "") if role == "controller" else "")
+    if role == "controller":
+        _children_end_with_this_process()
     if role == "engine":
         if os.environ.get(ENV_PLACE):
             place(os.environ[ENV_PLACE])
@@ -239,6 +250,28 @@ def main(argv: list[str]) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def _children_end_with_this_process() -> None:
+    """The controller's schedulers and heart monitor (processes it forks through multiprocessing)
+    get SIGKILL when it ends: killed (the out-of-memory killer, a signal), it ended alone, and they
+    ran on — relaying the cells of workers whose controller was gone, after their kernel too."""
+    import ctypes
+    import multiprocessing
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return
+    forking = [0]
+
+    def in_child():
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG: sent when the thread that forked it ends
+        if os.getppid() != forking[0]:  # it has ended already
+            os._exit(1)
+
+    os.register_at_fork(before=lambda: forking.__setitem__(0, os.getpid()), after_in_child=in_child)
+    multiprocessing.set_start_method("fork", force=True)  # (forkserver, spawn: not forked from here)
+
+
 # -- asked by the kernel through ipyparallel's apply ---------------------------------------------------
 def identity() -> dict:
     """Who this worker is: where it runs, its GPU, and how it was placed."""
@@ -249,7 +282,7 @@ def identity() -> dict:
 
         inv = inventory.take()
         name = inv.devices[0].record.name if inv.devices else ""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id(),
+    return {"pid": os.getpid(), "host": socket.gethostname(), "boot_id": boot_id(), "pid_ns": pid_namespace(),
             "rank": os.environ.get(ENV_RANK), "slot": _placed.get("slot"), "slot_from": _placed.get("how", ""),
             "problem": _placed.get("problem", ""), "gpu": gpu or "", "gpu_name": name, "cwd": os.getcwd()}
 

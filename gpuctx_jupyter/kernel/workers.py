@@ -163,12 +163,12 @@ class GpuWorkers(Preparing):
                              "`%gpu workers stop` first")
         t0 = time.perf_counter()
         deadline = time.monotonic() + self.start_timeout
-        self._asked_by_hand = True
-        self._await_prepare()
+        self._await_prepare(deadline)
         try:
             if profile:
                 self._drop_prepared("the line asks for ipyparallel profile " + repr(profile))
-                n, place = self._launch_profile(ipp, which, profile, cpu, warm)
+                n = worker_processes.launch_profile(self, ipp, which, profile, cpu, warm)
+                place = "cpu" if cpu else "gpu"
                 gpus: tuple = ()
             else:
                 placement = self._local_placement(which, cpu, share)
@@ -202,8 +202,9 @@ class GpuWorkers(Preparing):
 
     def stop(self) -> str:
         """Stop every worker and the controller; what was stopped, in one line."""
-        self._asked_by_hand = True
-        self._await_prepare()
+        under_way = self._await_prepare(time.monotonic() + self.stop_wait, stopping=True)
+        if under_way:
+            return f"gpuctx: the workers being prepared for `{under_way}` stop as soon as their start ends"
         if not self.running and self.cluster is None:
             return "gpuctx: no workers are running"
         if not self.running and self.prepared is not None:
@@ -266,52 +267,6 @@ class GpuWorkers(Preparing):
             for launcher in cluster.engines[set_id].launchers.values():
                 self._remember(launcher)
 
-    def _launch_profile(self, ipp, which, profile: str, cpu: bool, warm: bool) -> tuple[int, str]:
-        """Engines started by profile `profile`'s launchers, wherever they put them; each picks
-        its GPU on its host (worker_side.place). Returns (how many, "gpu" or "cpu")."""
-        from IPython.core.profiledir import ProfileDir, ProfileDirError
-        from IPython.paths import get_ipython_dir
-
-        if which and "," in which:
-            raise UsageError(f"with --profile the profile's launchers place the workers: give a count or all, not "
-                             f"GPUs ({which!r})")
-        try:
-            folder = (os.path.abspath(os.path.expanduser(profile)) if os.sep in profile
-                      else ProfileDir.find_profile_dir_by_name(get_ipython_dir(), profile).location)
-        except ProfileDirError:
-            folder = ""
-        if not folder or not os.path.isdir(folder):
-            raise UsageError(f"there is no ipyparallel profile {profile!r}: create one with `ipython profile create "
-                             f"--parallel --profile={profile}` and set its launchers (docs/workers.md)")
-        cluster = self._new_cluster(ipp, profile_dir=folder)
-        self.profile = profile
-        engines = cluster.engine_launcher_class
-        probe = engines(parent=cluster, log=log, profile_dir=cluster.profile_dir, cluster_id=cluster.cluster_id)
-        n = worker_processes.profile_count(which, cluster, probe, profile, cpu)
-        engine_cmd = worker_processes.wrapped_command(list(probe.engine_cmd), "ipyparallel.engine", "engine", profile)
-        env = dict(probe.environment, **self._ours(), **{worker_side.ENV_PLACE: "cpu" if cpu else "gpu",
-                                                           worker_side.ENV_WARM: "1" if warm else "0"})
-        from ipyparallel.cluster.launcher import LocalControllerLauncher
-
-        kwargs = {}
-        if issubclass(cluster.controller_launcher_class, LocalControllerLauncher):  # the kernel's own process
-            ctl = cluster.controller_launcher_class(parent=cluster, log=log, profile_dir=cluster.profile_dir,
-                                                    cluster_id=cluster.cluster_id)
-            kwargs["environment"] = dict(ctl.environment, **self._ours())
-            kwargs["controller_cmd"] = worker_processes.wrapped_command(list(ctl.controller_cmd), "ipyparallel.controller", "controller",
-                                                profile)
-        cluster.start_controller_sync(**kwargs)
-        if isinstance(cluster.controller, LocalControllerLauncher):
-            self._remember(cluster.controller)
-        set_id = cluster.start_engines_sync(n, engine_cmd=engine_cmd, environment=env)
-        from ipyparallel.cluster.launcher import LocalProcessLauncher, SSHLauncher
-
-        engine_set = cluster.engines[set_id]
-        for launcher in [engine_set, *getattr(engine_set, "launchers", {}).values()]:
-            if isinstance(launcher, LocalProcessLauncher) and not isinstance(launcher, SSHLauncher):
-                self._remember(launcher)  # a process here (an engine, mpiexec); not a remote PID
-        return n, "cpu" if cpu else "gpu"
-
     def _remember(self, launcher) -> None:
         """A local process ipyparallel started: ended at teardown even if ipyparallel cannot."""
         import psutil
@@ -340,24 +295,14 @@ class GpuWorkers(Preparing):
                                      f"(c.GpuWorkers.start_timeout): "
                                      f"{self._last_words() or 'no word from the others'}") from None
             except Exception as exc:  # ipyparallel's EngineError: a worker stopped before it registered
-                raise UsageError(one_line(self._launcher_failure() or f"{type(exc).__name__}: {exc}")) from None
-            failed = self._launcher_failure()
+                raise UsageError(one_line(self.ended() or f"{type(exc).__name__}: {exc}")) from None
+            failed = self.ended()
             if failed:
                 raise UsageError(one_line(failed))
 
-    def _launcher_failure(self) -> str:
-        """Why a process ipyparallel launched has exited, if one has."""
-        cluster = self.cluster
-        if cluster.controller is not None and cluster.controller.state == "after":
-            out = worker_processes.last_line(cluster.controller.get_output())
-            return f"the ipyparallel controller exited ({cluster.controller.stop_data}){': ' + out if out else ''}"
-        for set_id, engine_set in cluster.engines.items():
-            if engine_set.state == "after":
-                out = worker_processes.last_line(engine_set.get_output())
-                code = (engine_set.stop_data or {}).get("exit_code")
-                return (f"worker {set_id.removeprefix('rank')} exited before it was ready (exit code {code})"
-                        + (f": {out}" if out else ""))
-        return ""
+    def ended(self, controller_only: bool = False) -> str:
+        """Which process of the workers has ended (their controller, a worker), and how; or ""."""
+        return worker_processes.failure(self.cluster, self._processes, controller_only)
 
     def _last_words(self) -> str:
         for engine_set in self.cluster.engines.values():
@@ -371,7 +316,7 @@ class GpuWorkers(Preparing):
         the hosts' first engines registered) and local slot."""
         ar = self.client[engines].apply_async(worker_side.identity)
         infos = dict(zip(engines, worker_processes.wait_results([ar], deadline, self, "say who they are")[0], strict=True))
-        me = worker_side.boot_id()
+        me = (worker_side.boot_id(), worker_side.pid_namespace())  # its PIDs are ours: this machine, this container
         problems = [i["problem"] for i in infos.values() if i["problem"]]
         if problems:
             raise UsageError(one_line(problems[0]))
@@ -383,14 +328,21 @@ class GpuWorkers(Preparing):
         inv = inventory.take()
         by_uuid = {d.record.uuid: d.ordinal for d in inv.devices}
         local_ranks: dict[str, int] = {}
-        self.ranks = []
+        self.ranks, on = [], {}
         for rank, engine in enumerate(order):
             info = infos[engine]
             local_rank = local_ranks.get(info["host"], 0)
             local_ranks[info["host"]] = local_rank + 1
-            local = info["boot_id"] == me
+            local = (info["boot_id"], info.get("pid_ns", "")) == me
             self.ranks.append(Worker(rank, engine, info["pid"], info["host"], local, local_rank, info["gpu"],
                                      info["gpu_name"], by_uuid.get(info["gpu"]) if local else None))
+            if info["gpu"] in on:  # (a UUID names one GPU on every machine)
+                raise UsageError(one_line(
+                    f"ranks {on[info['gpu']]} and {rank} were both given GPU {info['gpu']} on {info['host']} (local "
+                    f"slot {info['slot']}, from {info['slot_from']}): one rank per GPU — the profile's launcher must "
+                    "give each engine on a host a local rank of its own"))
+            if info["gpu"]:
+                on[info["gpu"]] = rank
         kinds = {bool(w.uuid) for w in self.ranks}
         if len(kinds) > 1:
             lacking = [str(w.rank) for w in self.ranks if not w.uuid]
@@ -436,23 +388,7 @@ class GpuWorkers(Preparing):
             self.started = self.ready_in = self.prepared = None
             private, self._private_profile = self._private_profile, None
         if cluster is not None:
-            done = threading.Event()
-
-            def stop():
-                try:
-                    cluster.stop_cluster_sync()
-                except Exception as exc:  # noqa: BLE001 — the processes are ended below in any case
-                    log.warning("gpuctx: stopping the workers' cluster: %s: %s", type(exc).__name__, exc)
-                finally:
-                    done.set()
-
-            threading.Thread(target=stop, name="gpuctx-workers-stop", daemon=True).start()
-            done.wait(30)
-            # ipyparallel reads each process's log once it has noticed the end: then the folder can go
-            launchers = [cluster.controller, *cluster.engines.values()]
-            deadline = time.monotonic() + 5
-            while any(x is not None and x.state != "after" for x in launchers) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            worker_processes.stop_cluster(cluster)  # then the folder can go: ipyparallel has read their logs
         if client is not None:
             try:
                 client.close(linger=0)
@@ -535,6 +471,9 @@ class GpuWorkers(Preparing):
 
     def summary_lines(self) -> list[str]:
         lines = [f"torch.distributed: {self.backend}, world size {len(self.ranks)}, rendezvous {self.rendezvous}"]
+        cut_off = self.ended(controller_only=True)
+        if cut_off:  # (the next cell stops them and says so)
+            lines.insert(0, f"{cut_off}: nothing reaches the workers; `%gpu workers stop`, then `%gpu workers start`")
         if self.started:
             lines.append(f"ready in {self.ready_in:.1f} s, {ago(time.time() - self.started)}; {self.cells} "
                          f"cell{'s' if self.cells != 1 else ''} run with %%on_gpu")
