@@ -698,8 +698,8 @@ def test_torch_creating_a_cuda_context_on_import_is_dropped_from_what_standbys_i
     context (a site hook that starts CUDA), the log said it was dropped but every later standby
     imported it again and failed the same way. Now it, and the base modules under it, are left
     out until the drop lapses, and the profile says why."""
-    profile = learnt_profile("pandas")
+    profile = learnt_profile("pandas", "torch.nn.functional", "torchvision")
     assert profile.modules()[:3] == ["torch", "torch._dynamo", "torch.optim"]
     profile.outcome("torch", "done", 3.0, "context")
-    assert profile.modules() == ["pandas"]
+    assert set(profile.modules()) == {"pandas", "torchvision"}  # (torchvision is dropped when its own import shows it)
     assert "CUDA context" in profile.as_dict()["dropped"]["torch"]

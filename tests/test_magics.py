@@ -723,3 +723,20 @@ def test_a_cell_and_the_warm_ups_prepare_asking_for_the_workers_at_once_share_on
     got.append(magics.workers)
     warm_up.join()
     assert len(made) == 1 and got[0] is got[1]
+
+
+def test_a_warm_up_that_reads_its_plan_after_unload_prepares_no_workers(shell):
+    """`%unload_ext gpuctx` while the warm-up's thread reads a notebook that starts workers: the
+    thread then prepared them (a controller and engines, ~1 GiB each) with nothing left to stop
+    them but the kernel's end."""
+    from types import SimpleNamespace
+
+    st, prepare = shell._gpuctx, shell._gpuctx.warmer.on_plan
+    shell.run_line_magic("unload_ext", "gpuctx")
+    try:
+        prepare(SimpleNamespace(workers="2 --cpu", workers_where="cell 1, line 1"))  # the thread goes on
+        assert st.workers is None
+    finally:
+        if st.workers is not None:
+            st.workers.stop()
+        shell.run_line_magic("load_ext", "gpuctx")  # (the fixture unloads it)

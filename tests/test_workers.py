@@ -308,6 +308,25 @@ def test_a_controller_that_dies_mid_cell_is_one_line_at_once_and_leaves_nothing(
         kernels.stop(km, kc)
 
 
+def test_workers_started_and_stopped_again_and_again_leave_no_thread_behind(tmp_path):
+    """Each start made ipyparallel start a thread and loop for its `_sync` calls, which it never
+    stops: every start and stop left one more thread in the kernel, holding the stopped cluster."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    count = ("import gc, threading; gc.collect()\n"
+             "from ipyparallel import Cluster\n"
+             "print(len(threading.enumerate()), sum(isinstance(o, Cluster) for o in gc.get_objects()))")
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        seen = []
+        for _ in range(3):
+            assert run(kc, START, timeout=300).reply["status"] == "ok"
+            assert run(kc, "%gpu workers stop", timeout=120).reply["status"] == "ok"
+            seen.append(run(kc, count).stdout.split())
+        assert seen[2] == seen[1], seen  # threads, clusters alive (the first start may leave the kernel its own)
+    finally:
+        kernels.stop(km, kc)
+
+
 def test_an_error_of_several_workers_is_said_by_its_first_worker():
     """A result asked of several workers fails with ipyparallel's CompositeError, whose own name and
     value are None: the line said `a worker failed to say who they are: None: None`."""

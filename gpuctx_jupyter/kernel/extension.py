@@ -60,7 +60,9 @@ def _prepare_workers(st: KernelState, ip, plan) -> None:
     so that the line finds them registered and imported (kernel/workers.py, prepare_for)."""
     if plan.workers is None:
         return
-    st.workers_of(ip).prepare_for(plan.workers, plan.workers_where)
+    workers = st.workers_of(ip)
+    if workers is not None:  # (None: gpuctx was unloaded meanwhile)
+        workers.prepare_for(plan.workers, plan.workers_where)
 
 
 def _at_kernel_start(ip) -> bool:
@@ -110,8 +112,9 @@ def unload(ip) -> None:
     start.unhook_kernel_info(ip)
     st.warmer.stop()  # (a step under way ends on its own; none follows it)
     GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)
-    if st.workers is not None:
-        st.workers.stop()
+    workers = st.close_workers()
+    if workers is not None:
+        workers.stop()
     st.import_hook.remove()
     st.switcher.threads.remove()
     suspend.uninstall(ip)

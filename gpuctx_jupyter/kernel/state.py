@@ -35,6 +35,7 @@ class KernelState:
         self.suspend = None  # kernel/suspend.py's Gate, in an ipykernel (installed by extension.load)
         self.workers = None  # GpuWorkers of `%gpu workers`, made on first use (workers_of)
         self._making_workers = threading.Lock()
+        self._workers_closed = False  # gpuctx unloaded: no workers are made any more
         self.loaded_in: float | None = None  # seconds `%load_ext gpuctx` took, its imports included
         # Seconds it waited ready in the warm pool, once the pool has handed it to a notebook (kept
         # here, not in os.environ: a fresh kernel has no such variable, and neither has this one)
@@ -48,10 +49,17 @@ class KernelState:
         warm-up's thread preparing what the notebook starts, maybe at the same moment — two would
         each start their own workers, and the line would not find the prepared ones."""
         with self._making_workers:
-            if self.workers is None:
+            if self.workers is None and not self._workers_closed:
                 from .workers import GpuWorkers
 
                 self.workers = GpuWorkers(parent=shell)
+            return self.workers
+
+    def close_workers(self):
+        """gpuctx is unloaded: the workers made so far (to stop), and none made after (the
+        warm-up's thread may be about to prepare some: nothing would stop those)."""
+        with self._making_workers:
+            self._workers_closed = True
             return self.workers
 
     def _warmup_starting_cuda(self) -> bool:

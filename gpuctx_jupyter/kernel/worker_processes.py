@@ -216,6 +216,13 @@ def stop_cluster(cluster, wait: float = 30.0) -> None:
     deadline = time.monotonic() + 5
     while any(x is not None and x.state == "running" for x in launchers) and time.monotonic() < deadline:
         time.sleep(0.05)
+    # The thread and loop ipyparallel starts for `_sync` calls made from a running loop (a cell's,
+    # the prepare's) live on after the cluster, holding it and its launchers' output: one more per
+    # start for the kernel's life. Its launchers have noticed the ends by now.
+    thread, loop = getattr(cluster, "_async_thread", None), getattr(cluster, "_thread_loop", None)
+    if thread is not None and loop is not None:
+        loop.add_callback(loop.stop)
+        thread.join(2.0)
 
 
 def last_line(text: str) -> str:

@@ -259,12 +259,13 @@ class ImportProfile:
         """The base, then the learned modules most recently used first, capped by count and time;
         for a standby of `kernel_name`, without what is left out for it."""
         self._lapse(time.time())
-        gone = [m for m in self.base if m in self.entries and self.entries[m].dropped]
-        out = [m for m in self.base if not any(m == g or m.startswith(g + ".") for g in gone)]
+        # a dropped base module (torch) takes what is under it along: torch.optim, a learnt torch.nn
+        gone = tuple(f"{m}." for m in self.base if m in self.entries and self.entries[m].dropped)
+        out = [m for m in self.base if not f"{m}.".startswith(gone)]
         skip = self.left_out.get(kernel_name, {})
         spent = 0.0
         for entry in sorted(self.entries.values(), key=lambda e: (-e.last, -e.seen, e.module)):
-            if entry.dropped or entry.module in out or entry.module in skip:
+            if entry.dropped or entry.module in out or entry.module in skip or f"{entry.module}.".startswith(gone):
                 continue
             if len(out) >= self.max_modules:
                 break

@@ -42,7 +42,7 @@ export const OUTAGE_TEXT = 'Lost contact with the Jupyter server; retrying…';
 /** A 403: the server answers, but refuses this page; retrying changes nothing, the user can. */
 export const REFUSED_TEXT =
   "The Jupyter server refused access (403): this page's login may have expired, or this account may not " +
-  'do this. Reload the page or log in again.';
+  'do this. Log in again if asked, then reload the page.';
 
 const CLICK = 'Click to open the GPU panel (Ctrl-click or ⌘-click: the GPU dashboard).';
 

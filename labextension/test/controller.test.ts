@@ -453,11 +453,11 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     await vi.advanceTimersByTimeAsync(0);
     const state = t.controller.health.state;
     expect(state).toMatchObject({ kind: 'refused', down: true, badge: 'access refused' });
-    expect(state.text).toContain('Reload the page or log in again');
+    expect(state.text).toContain('Log in again if asked, then reload the page');
     expect(state.text).not.toMatch(/offline|retrying/i);
     expect(t.controller.statusView()).toMatchObject({ text: 'GPU …', badge: 'access refused' });
     expect(t.controller.kernelView).toMatchObject({ status: 'refused' });
-    expect(t.controller.kernelView?.reason).toContain('log in again');
+    expect(t.controller.kernelView?.reason).toContain('reload the page');
     await vi.advanceTimersByTimeAsync(120000);
     expect(t.sockets).toHaveLength(1); // no reconnects
     expect(t.requests).toHaveLength(1); // the kernel is not asked again

@@ -79,35 +79,35 @@ _LOCK = threading.Lock()
 
 
 class _Kept:
-    """The newest typed plan of one kernel's warm-up that it has not made yet, and the thread that
-    hands it over again until it has."""
+    """The newest typed cells of one kernel's warm-up until a warm-up has made their plan, and the
+    thread that hands them over again until one has."""
 
     def __init__(self):
-        self.make = None  # make_plan(previous) of the newest cells answered "ok", until it is made
+        self.newest = None  # make_plan(previous) of the newest cells answered "ok"
+        self.pending = False  # ... not made yet
         self.watching: threading.Thread | None = None
+
+    def made(self, previous):
+        """Taken up by a warm-up: the newest cells' plan, whichever hand-over comes first (one
+        still queued from older cells makes the newest; a later one finds it made). From here on
+        its steps are the warm-up's plan: a suspend's consent gives them up, the resume takes
+        them again."""
+        with _LOCK:
+            pending, newest, self.pending = self.pending, self.newest, False
+        return newest(previous) if pending or previous is None else previous
 
 
 def keep(state, shell, make_plan) -> None:
     """Hand `make_plan` to the warm-up (next, or now when none runs), and again until it is made."""
     warmer = state.warmer
     with _LOCK:
-        kept, taken = _KEPT.setdefault(warmer, _Kept()), []
-
-        def made(previous):
-            """Taken up: from here on its steps are the warm-up's plan (a suspend's consent gives
-            them up, the resume takes them again). Made once (handed over twice in a race)."""
-            with _LOCK:
-                again, taken[:] = bool(taken), [True]
-                if kept.make is made:
-                    kept.make = None
-            return previous if again and previous is not None else make_plan(previous)
-
-        kept.make = made  # (a newer one replaces one not taken up yet, as the warm-up's next plan does)
+        kept = _KEPT.setdefault(warmer, _Kept())
+        kept.newest, kept.pending = make_plan, True  # (newer cells replace those not taken up yet)
         if kept.watching is None:
             kept.watching = threading.Thread(target=_watch, args=(state, shell, kept), name="gpuctx-typed-cells",
                                              daemon=True)
             kept.watching.start()
-    warmer.replan(made, SOURCE)
+    warmer.replan(kept.made, SOURCE)
 
 
 def _watch(state, shell, kept: _Kept) -> None:
@@ -117,14 +117,13 @@ def _watch(state, shell, kept: _Kept) -> None:
     while True:
         time.sleep(HELD_RETRY_S if warmer.held() else RETRY_S)
         with _LOCK:
-            make = kept.make
             # made; gpuctx unloaded; or the warm-up it was handed to failed before it made it (not again)
-            if make is None or state_of(shell) is not state or (handed and not warmer.running
-                                                                 and warmer.status.state == "failed"):
-                kept.make = kept.watching = None
+            if not kept.pending or state_of(shell) is not state or (handed and not warmer.running
+                                                                    and warmer.status.state == "failed"):
+                kept.pending, kept.watching = False, None
                 return
         if not warmer.running and not warmer.held():  # dropped, or refused while a suspend was under way
-            warmer.replan(make, SOURCE)
+            warmer.replan(kept.made, SOURCE)
             handed = True
 
 
