@@ -13,7 +13,7 @@ from .harness import kernels
 from .harness.gpus import NO_GPU
 from .harness.kernels import run
 from .harness.waiting import wait_for
-from .harness.workers import WHO, gone, imports_done, kernel_pid, prepared, processes, tree, whos, workers_state
+from .harness.workers import WHO, gone, imports_done, kernel_pid, prepared, processes, stop_two, tree, whos, workers_state
 from .harness.workers import start_kernel as start_for
 
 pytestmark = pytest.mark.timeout(600)
@@ -192,10 +192,7 @@ def test_the_line_run_while_its_workers_are_still_being_prepared_never_starts_a_
         r = run(kc, START, timeout=300)
         assert r.reply["status"] == "ok" and "gpuctx: 2 workers ready in" in r.stdout, r.text
         assert worker_processes_below(kc) == ["controller", "engine", "engine"]
-        every = tree(kernel_pid(kc))
-        stopped = run(kc, "%gpu workers stop").stdout.strip()
-        assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
-        wait_for(lambda: gone(every), timeout=60)
+        stop_two(kc)
     finally:
         kernels.stop(km, kc)
 
@@ -253,9 +250,6 @@ def test_a_prepare_asked_for_as_the_line_starts_is_either_adopted_or_never_start
         wait_for(lambda: run(kc, "print(w._prepare_thread is None or not w._prepare_thread.is_alive())").stdout.strip()
                  == "True", timeout=120, every=0.3)
         assert worker_processes_below(kc) == ["controller", "engine", "engine"]
-        every = tree(kernel_pid(kc))
-        stopped = run(kc, "%gpu workers stop").stdout.strip()
-        assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
-        wait_for(lambda: gone(every), timeout=60)
+        stop_two(kc)
     finally:
         kernels.stop(km, kc)

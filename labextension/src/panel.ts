@@ -36,6 +36,7 @@ import {
   warnFraction
 } from './model';
 import { DEFAULT_SETTINGS, IGpuSettings } from './settings';
+import { ShownWidget } from './shown';
 import { IKernelView, ISnapshot, KernelAction } from './types';
 
 /** An element with a class and a text: the DOM here is built from these. */
@@ -203,7 +204,7 @@ export function updateStateLine(line: IStateLine, state: IConnectionView, source
   }
 }
 
-export class GpuPanel extends Widget {
+export class GpuPanel extends ShownWidget {
   constructor(private _history: DeviceHistory) {
     super();
     this.addClass('jp-gpuctx-panel');
@@ -279,11 +280,6 @@ export class GpuPanel extends Widget {
     this.node.appendChild(this._devices);
 
     this.setNotebook(null, null);
-  }
-
-  /** Emits whether the panel is now visible (the stream runs only while someone looks). */
-  get visibilityChanged(): ISignal<this, boolean> {
-    return this._visibilityChanged;
   }
 
   /** A kernel action asked for by a button; the owner confirms it and calls the server. */
@@ -374,24 +370,8 @@ export class GpuPanel extends Widget {
   }
 
   protected onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
     this._fitCharts();
-    this._visibilityChanged.emit(true);
-  }
-
-  protected onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._visibilityChanged.emit(false);
-  }
-
-  protected onAfterAttach(msg: Message): void {
-    super.onAfterAttach(msg);
-    this._visibilityChanged.emit(this.isVisible);
-  }
-
-  protected onBeforeDetach(msg: Message): void {
-    this._visibilityChanged.emit(false);
-    super.onBeforeDetach(msg);
+    super.onAfterShow(msg); // (says it is on screen, with its charts fitted)
   }
 
   protected onResize(msg: Widget.ResizeMessage): void {
@@ -860,7 +840,6 @@ export class GpuPanel extends Widget {
   private _reclaimedKey = '';
   private _cards = new Map<string, ICard>();
   private _rows = new Map<string, IRow>();
-  private _visibilityChanged = new Signal<this, boolean>(this);
   private _actionRequested = new Signal<this, IActionRequest>(this);
   private _dashboardRequested = new Signal<this, void>(this);
 }

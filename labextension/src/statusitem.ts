@@ -4,13 +4,14 @@
  * live ("(replay)", "(stale 12 s)", "(offline)"); a click opens the panel, a click with Ctrl (⌘
  * on a Mac) the GPU dashboard. What it says comes from `statusView` (model.ts); this only draws it.
  */
-import { Message } from '@lumino/messaging';
-import { ISignal, Signal } from '@lumino/signaling';
-import { Widget } from '@lumino/widgets';
-
 import { IStatusView } from './model';
+import { ShownWidget } from './shown';
 
-export class GpuStatusItem extends Widget {
+/**
+ * On screen only where JupyterLab shows it (not on other tabs) and while the status bar is shown
+ * (View → Show Status Bar): `visibilityChanged` says when.
+ */
+export class GpuStatusItem extends ShownWidget {
   /** `onClick(dashboard)`: `dashboard` when Ctrl or ⌘ was held. */
   constructor(onClick: (dashboard: boolean) => void) {
     super({ node: document.createElement('div') });
@@ -38,34 +39,6 @@ export class GpuStatusItem extends Widget {
       stale: false,
       deviceKey: null
     });
-  }
-
-  /**
-   * Emits whether the item is now on screen: JupyterLab hides it on other tabs, and the whole
-   * status bar can be hidden (View → Show Status Bar); the stream runs for it only while it shows.
-   */
-  get visibilityChanged(): ISignal<this, boolean> {
-    return this._visibilityChanged;
-  }
-
-  protected onAfterShow(msg: Message): void {
-    super.onAfterShow(msg);
-    this._visibilityChanged.emit(true);
-  }
-
-  protected onAfterHide(msg: Message): void {
-    super.onAfterHide(msg);
-    this._visibilityChanged.emit(false);
-  }
-
-  protected onAfterAttach(msg: Message): void {
-    super.onAfterAttach(msg);
-    this._visibilityChanged.emit(this.isVisible);
-  }
-
-  protected onBeforeDetach(msg: Message): void {
-    this._visibilityChanged.emit(false);
-    super.onBeforeDetach(msg);
   }
 
   render(view: IStatusView): void {
@@ -96,5 +69,4 @@ export class GpuStatusItem extends Widget {
   private _text: HTMLSpanElement;
   private _gap: Text;
   private _replay: HTMLSpanElement;
-  private _visibilityChanged = new Signal<this, boolean>(this);
 }

@@ -39,6 +39,14 @@ def gone(procs) -> bool:
     return True
 
 
+def stop_two(kc) -> None:
+    """`%gpu workers stop` of two workers: said so in one line, and nothing of theirs left running."""
+    every = tree(kernel_pid(kc))
+    stopped = run(kc, "%gpu workers stop").stdout.strip()
+    assert stopped == "gpuctx: stopped 2 workers and their ipyparallel controller", stopped
+    wait_for(lambda: gone(every), timeout=60)
+
+
 def private_folder(kc) -> str:
     """The ipyparallel profile folder gpuctx made for the kernel's workers (removed with them)."""
     folder = run(kc, "print(get_ipython()._gpuctx.workers._private_profile)").stdout.strip()
