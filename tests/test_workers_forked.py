@@ -140,41 +140,59 @@ def test_imports_that_do_not_finish_in_time_give_way_to_the_usual_start(tmp_path
 
 
 # The controller's fork held in the kernel until the test lets it go, as a loaded machine's slow
-# answer would hold it (the process that did the workers' imports answers one request at a time).
+# answer would hold it (the process that did the workers' imports answers one request at a time):
+# before the fork ("before": no process yet) or after it ("after": the process runs, its launcher
+# does not know it yet).
 HOLD = """
 import os, pathlib, time
 from gpuctx_jupyter.kernel import worker_zygote
 zygote = worker_zygote.current()
 fork = zygote.fork
 
+def hold():
+    pathlib.Path(%(holding)r).touch()
+    while not os.path.exists(%(release)r):
+        time.sleep(0.02)
+
 def held(argv, *args, **kwargs):
-    if "controller" in argv and not os.path.exists(%(release)r):
-        pathlib.Path(%(holding)r).touch()
-        while not os.path.exists(%(release)r):
-            time.sleep(0.02)
-    return fork(argv, *args, **kwargs)
+    wait = "controller" in argv and not os.path.exists(%(release)r)
+    if wait and %(when)r == "before":
+        hold()
+    pid = fork(argv, *args, **kwargs)
+    if wait and %(when)r == "after":
+        hold()
+    return pid
 
 zygote.fork = held
 """
 
 
-def test_an_interrupted_start_leaves_no_worker_forked_for_it(tmp_path):
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_an_interrupted_start_leaves_no_worker_forked_for_it(tmp_path, when):
     """Interrupt while the line waits for a fork: the fork goes on in ipyparallel's thread while the
-    line stops what it knows of; the process it gives finds its folder gone and ends at once, and
+    line stops what it knows of; the process it gives is ended as the fork returns, whether it
+    was forked after the stop or ran before it (its output open, ipyparallel not yet told), and
     the line works again."""
     holding, release = tmp_path / "holding", tmp_path / "release"
     km, kc, _ = standby_kernel(tmp_path)
     try:
         zygote = psutil.Process(imports_ready(kc)["pid"])
-        assert run(kc, HOLD % {"holding": str(holding), "release": str(release)}).reply["status"] == "ok"
+        hold = HOLD % {"holding": str(holding), "release": str(release), "when": when}
+        assert run(kc, hold).reply["status"] == "ok"
         msg_id = kc.execute(START)
         wait_for(holding.exists, timeout=120)  # the controller's fork waits
+        if when == "after":
+            assert zygote.children(), "the controller was forked and runs"
         km.interrupt_kernel()
-        release.touch()  # the fork is done as the line stops what it started
+        if when == "before":
+            release.touch()  # the fork is done as the line stops what it started
         reply = reply_to(kc, msg_id, timeout=120)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         wait_idle(kc, msg_id)
-        wait_for(lambda: workers_state(kc)["imports"]["forked"] >= 1, timeout=120, every=0.3)
+        if when == "after":
+            release.touch()  # the line has stopped everything it knew of: the fork returns only now
+        wait_for(lambda: workers_state(kc)["imports"]["forked"] >= 1 or not zygote.children(), timeout=120,
+                 every=0.3)
         wait_for(lambda: not zygote.children(), timeout=30)
         r = run(kc, START, timeout=300)  # the line works after it, forked
         assert "(forked with their imports done ahead)" in r.stdout and "2 workers ready" in r.stdout, r.text

@@ -31,10 +31,15 @@ class Forked:
             raise worker_zygote.ForkError("the process that did the workers' imports has ended")
         env = os.environ.copy()
         env.update(self.get_env())
-        self.pid = zygote.fork(self.args, env, os.path.abspath(self.work_dir), self.output_file, zygote.timeout)
-        self.process = psutil.Process(self.pid)
-        self._zygote = zygote
-        self.notify_start(self.pid)
+        pid = zygote.fork(self.args, env, os.path.abspath(self.work_dir), self.output_file, zygote.timeout)
+
+        def started():
+            self.pid, self.process, self._zygote = pid, psutil.Process(pid), zygote
+            self.notify_start(pid)
+
+        if not worker_zygote.adopt_fork(self.cluster_id, started):
+            worker_zygote.end_forked(pid)
+            raise worker_zygote.ForkError("the workers were stopped while this one was forked")
         self._start_waiting()
 
     def _wait(self):

@@ -33,7 +33,7 @@ from traitlets import Float, Int
 
 from ..core import inventory
 from ..core.procs import descendants, ns_pids
-from . import worker_processes, worker_side
+from . import worker_processes, worker_side, worker_zygote
 from .commands import one_line
 from .render import Report, Section, ago, gib
 from .worker_placement import Placement, check_free, choose, select_ranks
@@ -388,6 +388,7 @@ class GpuWorkers(Preparing):
             self.started = self.ready_in = self.prepared = None
             private, self._private_profile = self._private_profile, None
         if cluster is not None:
+            worker_zygote.abandon(cluster.cluster_id)  # a fork still under way for it ends as it returns
             worker_processes.stop_cluster(cluster)  # then the folder can go: ipyparallel has read their logs
         if client is not None:
             try:
