@@ -16,6 +16,9 @@ from .harness.gpus import h200
 from .harness.notebooks import notebook, warm_status
 from .harness.waiting import wait_for
 
+# A standby imports torch at the lowest CPU priority: on a loaded 2-core machine, minutes.
+pytestmark = pytest.mark.timeout(900)
+
 AUTO = {"GPUCTX_SERVER_POOL": "auto"}  # the default (the suite's servers keep no pool otherwise)
 PROFILE = ("torch", "torch._dynamo", "torch.optim")  # an imports standby's profile before any notebook
 # Variables whose values are per kernel, present in a fresh kernel and an adopted one alike.
@@ -39,7 +42,7 @@ def facts_of(tmp_path, cells: list[str]):
     return nbread.read(str(tmp_path / "nb.ipynb"))
 
 
-def ready_imports_standby(srv, timeout: float = 180) -> dict:
+def ready_imports_standby(srv, timeout: float = 400) -> dict:
     return wait_for(lambda: next((s for s in (pool_of(srv) or {}).get("standbys", [])
                                   if s["kind"] == "imports" and s["ready"] and s["imports"] >= 3), None),
                     timeout=timeout)

@@ -118,11 +118,12 @@ def test_the_event_loops_process_table_is_read_in_a_thread_and_sees_new_children
         return real(*args, **kwargs)
 
     monkeypatch.setattr(attribution.psutil, "process_iter", counted)
-    recent = attribution.RecentChildren(ttl=0.3)
+    recent = attribution.RecentChildren(ttl=60)  # none goes stale while the calls run, however slow
     recent()
     for _ in range(20):
         recent()
     assert reads == [threading.current_thread().name]  # the first read only, made at once
+    recent.ttl = 0  # from now on every call finds the table stale
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert child.pid not in kernel_pids(os.getpid(), None, recent())  # the last table, at once

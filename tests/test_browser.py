@@ -83,7 +83,7 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     page.wait_for_function("() => document.querySelector('.jp-Notebook .jp-OutputArea').textContent.includes('KeyboardInterrupt')",
                            timeout=30_000)
     kernel_idle(page, timeout=30_000)
-    assert time.monotonic() - started < 30, "the cell ran on: the interrupt did not reach the kernel"
+    assert time.monotonic() - started < 55, "the cell ran on: the interrupt did not reach the kernel"  # (it sleeps 60 s)
     assert "slept on" not in page.locator(".jp-Notebook .jp-OutputArea").first.inner_text()
     assert browser.errors == []
 

@@ -17,6 +17,7 @@ EMPTY = json.dumps({"cells": [], "metadata": {"kernelspec": {"display_name": "Py
                     "nbformat": 4, "nbformat_minor": 5})
 TYPED = "import torch\nmodel = torch.nn.Linear(8, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)"
 LATER = "x = 1  # typed while a cell runs"
+HELD = "import os, time\nwhile not os.path.exists('go'): time.sleep(0.05)"  # a cell that runs a while
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +60,7 @@ def test_typing_in_a_new_notebook_warms_its_cells_and_nothing_goes_while_a_cell_
     page.keyboard.press("Escape")
     page.keyboard.press("b")  # a new cell below
     page.keyboard.press("Enter")
-    page.keyboard.type("import time; time.sleep(12)")
+    page.keyboard.type(HELD)  # runs until the test has typed below it
     page.keyboard.press("Shift+Enter")
     page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
                            " === 'busy'", timeout=30_000, polling=50)
@@ -67,13 +68,14 @@ def test_typing_in_a_new_notebook_warms_its_cells_and_nothing_goes_while_a_cell_
     page.keyboard.press("Enter")
     page.keyboard.type(LATER)
     busy = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status")
-    assert busy == "busy", "typing took longer than the running cell: nothing shown about sends while busy"
+    assert busy == "busy", "the held cell ended before the typing did"
+    (lab.root / "go").touch()
     kernel_idle(page, timeout=60_000)
     idle_at = time.monotonic()
     assert not [t for t, cells in puts if LATER in cells and t < idle_at]  # nothing went while it ran
     until(lambda: any(LATER in cells for _t, cells in puts), timeout=60)
     last = next(cells for _t, cells in reversed(puts) if LATER in cells)
-    assert last == [TYPED, "import time; time.sleep(12)", LATER]  # the code cells, in order
+    assert last == [TYPED, HELD, LATER]  # the code cells, in order
     assert browser.errors == []
     assert "opt = torch.optim" not in lab.log()
 

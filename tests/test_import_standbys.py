@@ -16,6 +16,9 @@ from .harness.faults import assert_clean, pool_of
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
 
+# A standby imports torch at the lowest CPU priority: on a loaded 2-core machine, minutes.
+pytestmark = pytest.mark.timeout(900)
+
 AUTO = {"GPUCTX_SERVER_POOL": "auto"}  # the default (the suite's servers keep no pool otherwise)
 PROBE = ("import json, os, sys\n"
          "print(json.dumps({'pid': os.getpid(), 'cwd': os.getcwd(), 'path0': sys.path[0], 'path': sys.path, 'argv': sys.argv,"
@@ -34,7 +37,7 @@ def site_with_a_slow_module(tmp_path) -> dict:
     return {**AUTO, "PYTHONPATH": os.pathsep.join(p for p in [str(site), os.environ.get("PYTHONPATH")] if p)}
 
 
-def imports_standby(srv, at_least: int = 3, timeout: float = 180) -> dict:
+def imports_standby(srv, at_least: int = 3, timeout: float = 400) -> dict:
     """The ready imports standby once it has imported `at_least` modules."""
     return wait_for(lambda: next((s for s in (pool_of(srv) or {}).get("standbys", [])
                                   if s["kind"] == "imports" and s["ready"] and s["imports"] >= at_least), None),

@@ -16,7 +16,7 @@ from gpuctx_jupyter.core.sampler import History, Point, Sample, Sampler
 from gpuctx_jupyter.kernel.monitor import ERROR_COLOR, GpuMonitor, sparkline
 
 from .harness.gpus import h200
-from .harness.kernels import reply_to, run, start, stop
+from .harness.kernels import reply_to, run, start, stop, wait_idle
 from .harness.waiting import wait_for
 
 TRACE = os.path.join(os.path.dirname(__file__), "data", "h200-trace.jsonl")  # recorded on 2 × H200
@@ -188,24 +188,25 @@ def test_bad_monitor_arguments(shell):
         shell.run_line_magic("gpu", "monitor --interval 5 --history 1")
 
 
-def test_in_a_kernel_updates_flow_while_another_cell_runs():
+def test_in_a_kernel_updates_flow_while_another_cell_runs(tmp_path):
     km, kc = start()
+    release = tmp_path / "release"
     try:
         r = run(kc, "%load_ext gpuctx\nm = %gpu monitor --interval 0.2")
         views = [d for d in r.data if "application/vnd.jupyter.widget-view+json" in d]
         assert len(views) == 1  # shown once, although the magic also returned it
-        msg_id = kc.execute("import time; time.sleep(3)")
-        updates, busy, deadline = 0, False, time.monotonic() + 10
-        while time.monotonic() < deadline:
-            msg = kc.get_iopub_msg(timeout=5)
+        msg_id = kc.execute(f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)")
+        updates, busy, deadline = 0, False, time.monotonic() + 60
+        while updates < 2 and time.monotonic() < deadline:  # the cell runs until two have come
+            msg = kc.get_iopub_msg(timeout=30)
             mine = msg["parent_header"].get("msg_id") == msg_id
             if mine and msg["msg_type"] == "status":
                 busy = msg["content"]["execution_state"] == "busy"
-                if not busy:
-                    break
             if busy and msg["msg_type"] == "comm_msg" and msg["content"]["data"].get("method") == "update":
                 updates += 1
-        assert updates >= 2  # the status line ticks every second while the other cell sleeps
+        release.touch()
+        assert updates >= 2 and busy  # the status line ticks every second while the other cell runs
+        wait_idle(kc, msg_id)
         r = run(kc, "m.close(); import threading, time; deadline = time.monotonic() + 30\n"
                     "sampling = lambda: [t.name for t in threading.enumerate() if t.name == 'gpuctx-sampler']\n"
                     "while sampling() and time.monotonic() < deadline: time.sleep(0.05)\n"

@@ -121,7 +121,7 @@ def jp_server_config():
     return {
         "ServerApp": {"jpserver_extensions": {"gpuctx_jupyter": True}, "allow_unauthenticated_access": False},
         "MappingKernelManager": {"default_kernel_name": "python3"},
-        "GpuctxServer": {"warm_policy": "auto", "kernel_query_timeout": 2.0},
+        "GpuctxServer": {"warm_policy": "auto", "kernel_query_timeout": 10.0},  # a loaded machine answers late
     }
 
 

@@ -15,7 +15,7 @@ from .harness.gpus import NO_GPU
 from .harness.kernels import reply_to, run, wait_idle
 from .harness.notebooks import notebook
 from .harness.waiting import wait_for
-from .harness.workers import WHO, gone, kernel_pid, private_folder, tree, whos
+from .harness.workers import WHO, gone, kernel_pid, private_folder, stop_two, tree, whos
 
 pytestmark = pytest.mark.timeout(600)
 pytest.importorskip("ipyparallel")
@@ -204,11 +204,11 @@ def test_interrupt_reaches_every_rank_and_the_workers_go_on(workers_kernel, tmp_
 
 def test_a_rank_past_its_timeout_is_interrupted_and_the_workers_go_on(workers_kernel):
     _, kc, _, _ = workers_kernel
-    r = run(kc, "%%on_gpu all --timeout 2\nimport time, torch.distributed as dist\n"
+    r = run(kc, "%%on_gpu all --timeout 10\nimport time, torch.distributed as dist\n"
                 "if dist.get_rank() == 1:\n    time.sleep(120)\n'quick'", timeout=120)
     assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError"
     assert r.reply["evalue"].startswith("rank 1 · cpu (pid ")
-    assert r.reply["evalue"].endswith("did not finish within 2 s (--timeout): interrupted; the workers are ready "
+    assert r.reply["evalue"].endswith("did not finish within 10 s (--timeout): interrupted; the workers are ready "
                                       "for the next cell")
     assert "\n" not in r.reply["evalue"]
     r = run(kc, "%%on_gpu all\n1 + 1")
@@ -323,6 +323,89 @@ def test_workers_started_and_stopped_again_and_again_leave_no_thread_behind(tmp_
             assert run(kc, "%gpu workers stop", timeout=120).reply["status"] == "ok"
             seen.append(run(kc, count).stdout.split())
         assert seen[2] == seen[1], seen  # threads, clusters alive (the first start may leave the kernel its own)
+    finally:
+        kernels.stop(km, kc)
+
+
+# The controller's spawn slowed, as a loaded machine slows it: the process runs, ipyparallel's
+# launcher (on its own thread) learns its pid only when the test lets it go.
+HOLD_SPAWN = """
+import os, pathlib, time
+from ipyparallel.cluster import launcher
+spawn = launcher.Popen
+
+def held(args, *more, **kwargs):
+    proc = spawn(args, *more, **kwargs)
+    if "controller" in args and not os.path.exists(%(release)r):
+        pathlib.Path(%(holding)r).touch()
+        while not os.path.exists(%(release)r):
+            time.sleep(0.02)
+    return proc
+
+launcher.Popen = held
+"""
+
+
+def test_a_start_interrupted_before_ipyparallel_knows_its_controller_leaves_it_not_running(tmp_path):
+    """Interrupted as the controller's spawn returns: the line's stop did not know the process yet
+    (ipyparallel learns its pid on its own thread), and the controller ran for the kernel's life."""
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, HOLD_SPAWN % {"holding": str(holding), "release": str(release)}).reply["status"] == "ok"
+        pid = kernel_pid(kc)
+        msg_id = kc.execute(START)
+        wait_for(holding.exists, timeout=120)
+        started = tree(pid)
+        assert any("controller" in p.cmdline() for p in started), [p.cmdline() for p in started]
+        km.interrupt_kernel()
+        reply = reply_to(kc, msg_id, timeout=120)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        wait_idle(kc, msg_id)
+        release.touch()  # ipyparallel's launcher learns of the controller only now
+        wait_for(lambda: gone(started), timeout=60)
+        assert run(kc, START, timeout=300).reply["status"] == "ok"  # the line works after it
+        stop_two(kc)
+    finally:
+        kernels.stop(km, kc)
+
+
+# The stop held on its way, as ipyparallel's stop takes seconds after an interrupted start.
+HOLD_STOP = """
+import os, pathlib, time
+from gpuctx_jupyter.kernel import worker_processes
+stop_cluster = worker_processes.stop_cluster
+
+def held(cluster, *args, **kwargs):
+    pathlib.Path(%(holding)r).touch()
+    while not os.path.exists(%(release)r):
+        time.sleep(0.02)
+    return stop_cluster(cluster, *args, **kwargs)
+
+worker_processes.stop_cluster = held
+"""
+
+
+def test_an_interrupt_while_the_workers_stop_still_leaves_nothing_running(tmp_path):
+    """A second press of Interrupt while the workers stop (after an interrupted start, a cell cut
+    off): the stop was abandoned halfway, the workers forgotten but still running."""
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        every, folder = tree(kernel_pid(kc)), private_folder(kc)
+        assert run(kc, HOLD_STOP % {"holding": str(holding), "release": str(release)}).reply["status"] == "ok"
+        msg_id = kc.execute("%gpu workers stop")
+        wait_for(holding.exists, timeout=60)
+        km.interrupt_kernel()
+        release.touch()
+        reply = reply_to(kc, msg_id, timeout=120)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        wait_idle(kc, msg_id)
+        wait_for(lambda: gone(every) and not os.path.exists(folder), timeout=60)
+        assert "none: `%gpu workers start all`" in run(kc, "%gpu workers").text
     finally:
         kernels.stop(km, kc)
 

@@ -18,6 +18,7 @@ from .commands import one_line
 from .worker_placement import COUNT, check_count
 
 ENTRY = "gpuctx_jupyter.kernel.worker_entry"
+STARTS_WAIT_S = 5.0  # a launcher's start (spawning a process, submitting a job) returns within it
 NOTICE_S = 1.0  # ipyparallel notices a process's end on its event loop: at once, or nearly
 
 
@@ -198,8 +199,10 @@ def _ended(cluster, gone: set[int], controller_only: bool):
 
 
 def stop_cluster(cluster, wait: float = 30.0) -> None:
-    """Stop `cluster` through ipyparallel (in a thread of its own, at most `wait` s); then wait a
-    little for it to notice the ends: it reads each process's log then. Never raises."""
+    """Stop `cluster` through ipyparallel (in a thread of its own, at most `wait` s), once a start
+    still under way has returned; then wait a little for it to notice the ends: it reads each
+    process's log then. Never raises."""
+    _starts_returned(cluster)
     done = threading.Event()
 
     def stop():
@@ -223,6 +226,22 @@ def stop_cluster(cluster, wait: float = 30.0) -> None:
     if thread is not None and loop is not None:
         loop.add_callback(loop.stop)
         thread.join(2.0)
+
+
+def _starts_returned(cluster, wait: float = STARTS_WAIT_S) -> None:
+    """Wait (at most `wait` s) for a start under way on ipyparallel's thread to return. A cell's
+    `_sync` calls run there, and a launcher knows its process only once its start returns: an
+    interrupt of the line just before lets the stop (in another thread) miss a process that then
+    runs for the kernel's life. A fork held longer is ended as it returns (worker_zygote.abandon)."""
+    thread, loop = getattr(cluster, "_async_thread", None), getattr(cluster, "_thread_loop", None)
+    if thread is None or loop is None or not thread.is_alive() or thread is threading.current_thread():
+        return
+    passed = threading.Event()
+    try:
+        loop.add_callback(passed.set)  # runs once the callback on the loop now has returned
+    except RuntimeError:  # its loop is closed
+        return
+    passed.wait(wait)
 
 
 def last_line(text: str) -> str:

@@ -12,7 +12,7 @@ keeps it for a notebook that starts workers and ends it for any other (its memor
 Forking is safe here because this process never starts CUDA and forks from its one thread (the
 imports ran in a thread that has ended; what numpy's BLAS started handles fork itself), as a
 DataLoader's fork workers do. The kernel's side is `Zygote`; ipyparallel's launcher that forks
-instead of spawning is kernel/worker_fork_launcher.py.
+instead of spawning is in kernel/worker_launchers.py.
 """
 from __future__ import annotations
 
@@ -403,46 +403,6 @@ def stop(why: str = "") -> None:
         z, _current = _current, None
     if z is not None:
         z.stop()
-
-
-# The clusters the kernel stopped. A fork runs in ipyparallel's thread: a line interrupted (or
-# failing) while it waits stops the cluster before that fork returns, so ipyparallel never knew
-# the process to stop; the launcher ends it as the fork returns (kernel/worker_fork_launcher.py).
-_abandoned: set[str] = set()
-_abandon_lock = threading.Lock()
-
-
-def abandon(cluster_id: str) -> None:
-    """Cluster `cluster_id` is stopping: a worker forked for it from now on is ended at once."""
-    with _abandon_lock:
-        _abandoned.add(cluster_id)
-
-
-def adopt_fork(cluster_id: str, started) -> bool:
-    """Call `started()` (the launcher takes the forked process as running) unless the cluster
-    was abandoned; False then. Under the lock that `abandon` takes: a cluster stopped after
-    this returns True finds its process running, and ipyparallel stops it."""
-    with _abandon_lock:
-        if cluster_id in _abandoned:
-            return False
-        started()
-        return True
-
-
-def end_forked(pid: int) -> None:
-    """End a worker forked for a cluster that was stopped meanwhile, with what it started."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
 
 
 def after_adoption(path: str | None) -> None:

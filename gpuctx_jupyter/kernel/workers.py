@@ -33,7 +33,7 @@ from traitlets import Float, Int
 
 from ..core import inventory
 from ..core.procs import descendants, ns_pids
-from . import worker_processes, worker_side, worker_zygote
+from . import worker_processes, worker_side
 from .commands import one_line
 from .render import Report, Section, ago, gib
 from .worker_placement import Placement, check_free, choose, select_ranks
@@ -244,14 +244,11 @@ class GpuWorkers(Preparing):
         so their imports and warm-up overlap the controller's start. With `zygote`, the engines
         are forked from the imports it did (kernel/worker_zygote.py)."""
         self._private_profile = tempfile.mkdtemp(prefix="gpuctx-workers-")
-        forked = {}
-        if zygote is not None:
-            from .worker_fork_launcher import launchers
+        from .worker_launchers import launchers
 
-            forked = launchers()
         cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
                                     send_engines_connection_env=False,  # no cluster file: nothing to reconnect to
-                                    controller_args=list(HEARTBEAT_ARGS), **forked)
+                                    controller_args=list(HEARTBEAT_ARGS), **launchers(forked=zygote is not None))
         own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
         cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
@@ -380,15 +377,37 @@ class GpuWorkers(Preparing):
     # -- stopping -----------------------------------------------------------------------------------------
     def _teardown(self) -> None:
         """Stop the workers and the controller through ipyparallel, then end whatever local
-        process it started that still runs; never raises."""
+        process it started that still runs. That takes seconds after an interrupted start, and
+        runs in a thread of its own: another interrupt meanwhile (a second press) is raised once
+        it is done, never halfway, with the workers already forgotten and still running."""
         with self._lock:
             cluster, client, processes = self.cluster, self.client or getattr(self.prepared, "client", None), self._processes
             self.cluster, self.client, self._processes, self.ranks = None, None, [], []
             self.backend = self.rendezvous = self.profile = ""
             self.started = self.ready_in = self.prepared = None
             private, self._private_profile = self._private_profile, None
+        if cluster is None and client is None and not processes and not private:
+            return
+        if cluster is not None:  # ipyparallel is loaded: a process still starting for it ends as it starts
+            from .worker_launchers import abandon
+
+            abandon(cluster.cluster_id)
+        ending = threading.Thread(target=self._end, args=(cluster, client, processes, private),
+                                  name="gpuctx-workers-teardown", daemon=True)
+        ending.start()
+        interrupted = False
+        while ending.is_alive():
+            try:
+                ending.join()
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
+
+    @staticmethod
+    def _end(cluster, client, processes, private) -> None:
+        """What `_teardown` took: stopped and removed; never raises."""
         if cluster is not None:
-            worker_zygote.abandon(cluster.cluster_id)  # a fork still under way for it ends as it returns
             worker_processes.stop_cluster(cluster)  # then the folder can go: ipyparallel has read their logs
         if client is not None:
             try:
