@@ -14,6 +14,14 @@
 #                                         # with the warm-up steps and the CPU used beside each cell
 #   scripts/gpu-pending.sh runall         # Run All right after opening: off, defaults, no imports standby
 #
+# The final figures the open issues still owe, on final code (about 9 minutes each; with
+# tests-all, four commands fill a session's 30 minutes of device time):
+#   scripts/gpu-pending.sh final-training # the four training notebooks, first open after 6 s of reading,
+#                                         # cold beside defaults, 3 runs ("Warm what the next cell needs")
+#   scripts/gpu-pending.sh final-compile  # torch.compile and JAX: first open and Restart, 3 runs (same issue)
+#   scripts/gpu-pending.sh final-open     # transformers, lightning, torch_geometric notebooks: first open
+#                                         # after 10 s of reading and Restart, 3 runs ("Ready before it is asked")
+#
 # Results go to $OUT (else benchmarks/results/); each part prints its table as it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +59,15 @@ case "$part" in
     CASES=cpu scripts/gpu-notebooks.sh 300 heavy_imports ;;
   runall)
     CASES=runall scripts/gpu-notebooks.sh 300 heavy_imports ;;
+  final-training)
+    "$py" benchmarks/notebooks.py --notebooks mlp_adamw,cnn_sgd,amp_gradscaler,transformer_bf16 --cases cold,idle \
+      --idle 6 --repeat 3 --until 400 --json "$results/notebooks-final-training.json" ;;
+  final-compile)
+    "$py" benchmarks/notebooks.py --notebooks compile_mlp,compile_fresh,jax_jit --cases cold,idle,restart \
+      --repeat 3 --until 400 --json "$results/notebooks-final-compile.json" ;;
+  final-open)
+    "$py" benchmarks/notebooks.py --notebooks heavy_imports,lightning_fit,pyg_gcn --cases cold,idle,restart \
+      --repeat 3 --until 400 --json "$results/notebooks-final-open.json" ;;
   *)
-    sed -n '2,16p' "$0"; exit 2 ;;
+    sed -n '2,24p' "$0"; exit 2 ;;
 esac
