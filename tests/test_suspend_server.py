@@ -33,9 +33,9 @@ from gpuctx_jupyter.server.holders import holdings
 from gpuctx_jupyter.server.lifecycle import Lifecycle
 from gpuctx_jupyter.server.tasks import Background
 
-from .harness.fake_cuda import NOT_SUPPORTED, FakeCuda
+from .harness.fake_cuda import NOT_READY, NOT_SUPPORTED, FakeCuda
 from .harness.gpus import h200
-from .harness.kernels import arun
+from .harness.kernels import areply_to, arun
 from .harness.waiting import wait_for, wait_until
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -293,6 +293,12 @@ async def test_culling_and_the_pressure_release_can_suspend_idle_holders_instead
     assert done[0]["released_total"] == 8 * GIB and gpuctx.manager.suspended[kid].by == "pressure"
 
 
+def restoring(pid: int) -> Inventory:
+    """NVML listing `pid` with its 8 GiB again, as it does while a restore brings them back."""
+    record = replace(h200(0), memory_total=141 * GIB, memory_used=8 * GIB, processes=(GpuProcess(pid, 8 * GIB, "compute"),))
+    return Inventory(records=[record], visibility=Visibility((VisibleDevice(0, record),), None, "FASTEST_FIRST", ()))
+
+
 async def test_culling_never_takes_a_kernel_the_user_is_resuming_or_has_just_resumed(
         jp_fetch, jp_serverapp, fake, gpuctx):
     """A resume is the user's: its memory coming back shows in NVML while the restore runs, and the
@@ -318,14 +324,132 @@ async def test_culling_never_takes_a_kernel_the_user_is_resuming_or_has_just_res
     fake.hang(pid, "restore")
     resuming = asyncio.ensure_future(post(jp_fetch, kid, "resume"))
     assert await wait_until(lambda: fake.hanging(pid, "restore"), timeout=30)
-    listed = replace(gpuctx.gpu.inventory(), records=[replace(h200(0), memory_total=141 * GIB, memory_used=8 * GIB,
-                                                              processes=(GpuProcess(pid, 8 * GIB, "compute"),))])
+    listed = restoring(pid)
     assert await culler(*round_of(listed)) == []  # mid-restore: its memory listed again
     fake.hang(pid, "restore", False)
     code, answer = await asyncio.wait_for(resuming, 30)
     assert code == 200, answer
     assert await culler(*round_of(gpuctx.gpu.inventory())) == []  # the next round: active just now
     assert kid in jp_serverapp.kernel_manager and culler.culled == []
+
+
+async def test_culling_judges_a_kernel_by_its_activity_now_not_by_the_rounds_holders(
+        jp_fetch, jp_serverapp, fake, gpuctx):
+    """The round's holders are read before its consumers run, and the pressure release awaits its
+    evictions first: a resume that ended meanwhile left the holder showing hours of idleness, and
+    culling shut the kernel down as it came back."""
+    from datetime import timedelta
+
+    from jupyter_server._tz import utcnow
+
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "evicting.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    gpuctx.gpu.held[pid] = 8 * GIB
+    assert (await post(jp_fetch, kid, "suspend"))[0] == 200
+    server, culler = gpuctx.server, gpuctx.server.culler
+    culler.shutdown, culler.action, culler.after = jp_serverapp.kernel_manager.shutdown_kernel, "shutdown", 3600.0
+    kernel.last_activity = utcnow() - timedelta(hours=2)
+    fake.hang(pid, "restore")
+    resuming = asyncio.ensure_future(post(jp_fetch, kid, "resume"))
+    assert await wait_until(lambda: fake.hanging(pid, "restore"), timeout=30)
+    listed = restoring(pid)
+    holders = server.holders.collect()  # the round's, read mid-restore
+    assert holdings(listed, holders)[kid] == {0: 8 * GIB} and culler.busy(kid)  # listed, the resume in flight
+    fake.hang(pid, "restore", False)
+    code, answer = await asyncio.wait_for(resuming, 30)  # ends while the round's pressure release awaits
+    assert code == 200, answer
+    assert await culler(listed, holders, holdings(listed, holders)) == []
+    assert kid in jp_serverapp.kernel_manager and culler.culled == []
+
+
+async def test_a_failed_suspend_that_cannot_be_undone_leaves_the_kernel_to_restore_itself_first(
+        jp_fetch, jp_serverapp, fake, gpuctx):
+    """The checkpoint fails with the process locked, and unlocking fails too, twice (the helper's
+    unwind, the server's retry): the answer said the next cell would try again, but the kernel had
+    been told it ran, and its next cell ran on a locked process."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "stuck.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    await arun(kernel, "x = 41")
+    gpuctx.gpu.held[pid] = 4 * GIB
+    fake.fail(pid, "checkpoint", NOT_SUPPORTED, leave=1)
+    fake.fail(pid, "unlock", NOT_READY, times=2)
+    code, answer = await post(jp_fetch, kid, "suspend")
+    assert code == 500 and "could not be put back" in answer["message"], answer
+    assert answer["message"].endswith("its next cell, or Resume, tries again; restart it if that fails")
+    assert fake.state(pid) == 1 and kid not in gpuctx.manager.suspended
+    seen = json.loads((await jp_fetch("gpuctx", "api", "kernels", kid)).body)
+    assert seen["suspend"]["state"] == "suspended" and "could not be put back" in seen["suspend"]["error"], seen
+    r = await arun(kernel, "print(x + 1)")
+    assert r.stdout.splitlines()[-1] == "42" and fake.state(pid) == 0  # unlocked before it ran
+
+
+async def test_a_cell_sent_during_the_checkpoint_resumes_the_kernel_and_the_suspend_says_so(
+        jp_fetch, jp_serverapp, fake, gpuctx):
+    """A cell that came while the driver checkpointed: the kernel restored itself for it once the
+    checkpoint ended, but the server answered 200 and kept the kernel listed as suspended — for
+    good when the cell ended before the record was made (nothing counted as activity since)."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "during.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    await arun(kernel, "y = 7")
+    gpuctx.gpu.held[pid] = 4 * GIB
+    client = kernel.client()  # connected first (a kernel_info while it suspends waits for the checkpoint)
+    client.start_channels()
+    await client.wait_for_ready(timeout=60)
+    fake.hang(pid, "checkpoint")
+    suspending = asyncio.ensure_future(post(jp_fetch, kid, "suspend"))
+    assert await wait_until(lambda: fake.hanging(pid, "checkpoint"), timeout=30)
+    msg_id = client.execute("print(y)")
+    for _ in range(300):  # the cell is waiting for the checkpoint's end, to restore first
+        if ((await kernel_query.ask(kernel, 5)).get("suspend") or {}).get("state") == "resuming":
+            break
+        await asyncio.sleep(0.1)
+    fake.hang(pid, "checkpoint", False)
+    code, answer = await asyncio.wait_for(suspending, 60)
+    assert code == 409 and answer["message"].startswith("not suspended: the notebook sent a request during the "
+                                                        "suspend and resumed itself"), answer
+    try:
+        reply = await areply_to(client, msg_id, timeout=60)
+    finally:
+        client.stop_channels()
+    assert reply["content"]["status"] == "ok" and fake.state(pid) == 0
+    assert kid not in gpuctx.manager.suspended
+
+
+async def test_a_kernel_that_could_not_take_turns_with_the_helper_is_not_suspended(
+        jp_fetch, jp_serverapp, fake, gpuctx, tmp_path):
+    """The kernel and the checkpoint helper take turns through lock files in the temporary folder:
+    a kernel with a TMPDIR of its own (or in another container) withdrew its consent where the
+    helper never looked, and a cell could run while its process was checkpointed."""
+    own = tmp_path / "kernel-tmp"
+    own.mkdir()
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(own)  # the kernel's environment, not the server's helpers'
+    try:
+        kid, pid = await start(jp_fetch, jp_serverapp, fake, "own-tmp.ipynb")
+    finally:
+        os.environ.pop("TMPDIR") if before is None else os.environ.__setitem__("TMPDIR", before)
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    gpuctx.gpu.held[pid] = 4 * GIB
+    code, answer = await post(jp_fetch, kid, "suspend")
+    assert code == 409 and answer["message"].startswith("its temporary folder is not the server's"), answer
+    assert fake.state(pid) == 0 and "lock" not in fake.steps(pid)
+    assert (await arun(kernel, "print('on')")).stdout == "on\n"
+
+
+async def test_a_checkpoint_helper_that_cannot_start_leaves_the_kernel_running(
+        jp_fetch, jp_serverapp, fake, gpuctx, tmp_path):
+    """The helper's Python gone (an environment removed under the server): the error escaped as a
+    bare 500 and the kernel, having consented, stayed "suspending" — its warm-up and sampler held."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "no-helper.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    gpuctx.gpu.held[pid] = 4 * GIB
+    gpuctx.manager.checkpointer.python = str(tmp_path / "no-such-python")
+    code, answer = await post(jp_fetch, kid, "suspend")
+    assert code == 409 and answer["message"].startswith("not suspended: could not start the checkpoint helper: "), answer
+    assert answer["message"].endswith("the kernel runs as before")
+    seen = json.loads((await jp_fetch("gpuctx", "api", "kernels", kid)).body)
+    assert "suspend" not in seen and seen["status"] == "ok", seen  # running: it answers as usual, not "suspending"
+    assert (await arun(kernel, "print('on')")).stdout == "on\n"
 
 
 async def test_a_kernel_that_names_another_process_as_itself_gets_nothing_checkpointed(

@@ -254,6 +254,13 @@ def _folder() -> str:
     return folder
 
 
+def folder_id() -> list[int]:
+    """The lock folder as (device, inode): the kernel and the server's helpers must share it to
+    take turns (a kernel with a TMPDIR of its own, or in another container, does not)."""
+    st = os.stat(_folder())
+    return [st.st_dev, st.st_ino]
+
+
 @contextmanager
 def target_lock(pid: int, timeout: float | None = None) -> Iterator[None]:
     """One compound step on a process at a time, across processes: the server's helpers and the

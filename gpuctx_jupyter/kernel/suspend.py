@@ -170,7 +170,10 @@ class Gate:
         # Started now, while CUDA still runs: a resume then needs no new process, and the kernel
         # never starts one from a checkpointed process unless this one died meanwhile.
         self._start_waiting_helper()
-        return {"status": "ok", "pid": self.pid, "report": report, "released_cache": released}
+        from ..core import checkpoint
+
+        return {"status": "ok", "pid": self.pid, "report": report, "released_cache": released,
+                "locks": checkpoint.folder_id()}
 
     def _refusal(self) -> str | None:
         workers = self.kernel_state.workers
@@ -195,6 +198,9 @@ class Gate:
                 self.since = float(content.get("since") or time.time())
                 self.moved = {str(k): int(v) for k, v in (content.get("moved") or {}).items()}
                 self.need = {str(k): int(v) for k, v in (content.get("need") or {}).items()}
+            elif content.get("running") is False:  # failed, and could not be undone: restored before any request
+                self.state, self.since, self.moved, self.need = SUSPENDED, time.time(), {}, {}
+                self.error = str(content.get("message") or "the suspend failed and could not be undone")
             else:
                 self.state, self.token = RUNNING, None
             self._cond.notify_all()

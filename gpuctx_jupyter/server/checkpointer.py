@@ -23,6 +23,10 @@ from ..core.checkpoint import Outcome, Support, helper_command
 KILL_WAIT_S = 3.0  # a killed helper's end is awaited this long at most (one stuck in the driver outlives SIGKILL)
 
 
+class NotStarted(OSError):
+    """The helper process could not be started (no such Python, no memory to fork): it did nothing."""
+
+
 class Checkpointer(Protocol):
     async def support(self) -> Support: ...
 
@@ -41,10 +45,13 @@ class HelperCheckpointer:
         self.log = log or logging.getLogger(__name__)
 
     async def _run(self, action: str, pid: int, *extra: str, timeout: float | None = None) -> tuple[dict, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *helper_command(action, pid, *extra, python=self.python),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True)  # a signal to the server's process group is not the helper's
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *helper_command(action, pid, *extra, python=self.python),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                start_new_session=True)  # a signal to the server's process group is not the helper's
+        except OSError as exc:
+            raise NotStarted(f"could not start the checkpoint helper: {type(exc).__name__}: {exc}") from None
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout or self.timeout)
         except asyncio.TimeoutError:
@@ -62,14 +69,22 @@ class HelperCheckpointer:
         return (answer if isinstance(answer, dict) else {}), why
 
     async def support(self) -> Support:
-        answer, why = await self._run("support", 0, timeout=60)
+        try:
+            answer, why = await self._run("support", 0, timeout=60)
+        except NotStarted as exc:
+            return Support(False, str(exc))
         if "available" not in answer:
             return Support(False, why or "the checkpoint helper gave no answer")
         return Support(bool(answer["available"]), str(answer.get("reason", "")), answer.get("cuda_driver_version"),
                        answer.get("display_driver"), tuple(answer.get("missing") or ()))
 
-    async def _outcome(self, action: str, pid: int, *extra: str, timeout: float | None = None) -> Outcome:
-        answer, why = await self._run(action, pid, *extra, timeout=timeout)
+    async def _outcome(self, action: str, pid: int, *extra: str, timeout: float | None = None,
+                       unchanged: str = "unknown") -> Outcome:
+        """The helper's outcome; one that could not start leaves the process as it was (`unchanged`)."""
+        try:
+            answer, why = await self._run(action, pid, *extra, timeout=timeout)
+        except NotStarted as exc:
+            return Outcome(False, unchanged, {}, str(exc))
         if "ok" not in answer:
             return Outcome(False, "unknown", {}, why or "the checkpoint helper gave no answer")
         return Outcome(bool(answer["ok"]), str(answer.get("state", "unknown")), dict(answer.get("steps") or {}),
@@ -79,7 +94,8 @@ class HelperCheckpointer:
         return await self._outcome("state", pid, timeout=60)
 
     async def suspend(self, pid: int, lock_timeout_ms: int, token: str) -> Outcome:
-        return await self._outcome("suspend", pid, "--lock-timeout-ms", str(int(lock_timeout_ms)), "--token", token)
+        return await self._outcome("suspend", pid, "--lock-timeout-ms", str(int(lock_timeout_ms)), "--token", token,
+                                   unchanged="running")  # (a suspend is asked of a running process only)
 
     async def resume(self, pid: int, need: dict[str, int] | None = None) -> Outcome:
         extra = [word for uuid, n in (need or {}).items() for word in ("--need", f"{uuid}={int(n)}")]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..contract.holders import Holder
 from ..core.inventory import Inventory
@@ -28,7 +29,8 @@ from .tasks import Background
 class GpuCuller:
     def __init__(self, after: float, shutdown: Callable[[str], object], clock: Callable[[], float] = time.time,
                  log=None, warning_s: float = 600.0, action: str = "shutdown", background: Background | None = None,
-                 busy: Callable[[str], object] = lambda _kernel_id: None):
+                 busy: Callable[[str], object] = lambda _kernel_id: None,
+                 live: Callable[[str], tuple[str | None, float | None] | None] = lambda _kernel_id: None):
         if after < 0 or warning_s < 0:
             raise ValueError("cull times must be 0 (off) or positive seconds")
         self.after, self.warning_s = after, warning_s
@@ -36,6 +38,10 @@ class GpuCuller:
         self.action = action  # or "suspend": what `shutdown` does, for the log and the entries
         self.background = background or Background(log)  # the extension's: awaited at server shutdown
         self.busy = busy  # the action in flight on a kernel (lifecycle.Actions.busy): none is culled then
+        # A kernel's execution state and last activity now (None: unknown). The holders were read
+        # before the round's other consumers, and the pressure release awaits evictions first: a
+        # resume that ended meanwhile made the kernel active, which the holder does not show.
+        self.live = live
         self.cull_at: dict[str, float] = {}  # kernel id -> epoch seconds it will be culled at
         self.culled: list[dict] = []  # newest last (bounded)
 
@@ -55,6 +61,7 @@ class GpuCuller:
             on = held.get(h.id)
             if h.standby or not on or not sum(on.values()) or self.busy(h.id):  # (a resume, a restart: the user's)
                 continue
+            h = self._fresh(h)
             idle = h.idle_at(now, now)
             if idle is None:
                 continue
@@ -67,7 +74,19 @@ class GpuCuller:
         self.cull_at = cull_at
         return started
 
+    def _fresh(self, h: Holder) -> Holder:
+        """`h` with its kernel's execution state and last activity as they are now."""
+        now = self.live(h.id)
+        if now is None:
+            return h
+        state, last = now
+        return replace(h, execution_state=state or h.execution_state,
+                       last_activity=max(last, h.last_activity or 0.0) if last is not None else h.last_activity)
+
     async def _cull(self, h: Holder, idle: float, on: dict[int, int], now: float) -> None:
+        h = self._fresh(h)  # (its task starts a moment after the round: the user may have come back)
+        if self.busy(h.id) or h.execution_state == "busy" or (h.idle_at(self.clock(), self.clock()) or 0) < self.after:
+            return
         freed = sum(on.values())
         where = ", ".join(f"{_gib(v)} on cuda:{o}" for o, v in sorted(on.items()))
         try:

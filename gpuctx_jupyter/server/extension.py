@@ -37,7 +37,7 @@ from .config import GpuctxServer
 from .culling import GpuCuller
 from .gpu_api import GpuApi
 from .history import GpuHistory, StreamHistory
-from .holders import OOM_RELEASE_S, Holders
+from .holders import OOM_RELEASE_S, Holders, live_activity
 from .launch import Launcher
 from .links import LinkReader
 from .lifecycle import Lifecycle
@@ -128,7 +128,8 @@ def load(serverapp) -> Server:
     culler = GpuCuller(cfg.cull_idle_gpu_kernels_after,
                        suspend.culling(lifecycle.actions) if cfg.cull_idle_gpu_kernels_action == "suspend"
                        else mkm.shutdown_kernel, log=log, warning_s=cfg.cull_warning_seconds,
-                       action=cfg.cull_idle_gpu_kernels_action, background=background, busy=lifecycle.actions.busy)
+                       action=cfg.cull_idle_gpu_kernels_action, background=background, busy=lifecycle.actions.busy,
+                       live=lambda kernel_id: live_activity(mkm, kernel_id))
     holders.consumers += [pressure, culler]
 
     typed = TypedCells(cfg.kernel_query_timeout, background)

@@ -72,6 +72,15 @@ def _epoch(dt) -> float | None:
         return None
 
 
+def live_activity(km, kernel_id: str) -> tuple[str | None, float | None] | None:
+    """A kernel's execution state and last user activity (epoch s) as the kernel manager has them
+    now (None: no such kernel)."""
+    kernel = kernel_client.find(km, kernel_id)
+    if kernel is None:
+        return None
+    return getattr(kernel, "execution_state", None), _epoch(getattr(kernel, "last_activity", None))
+
+
 class Holders:
     def __init__(self, serverapp, reported: dict | None = None, standbys: Callable[[], list] = list,
                  path: str | None = None, clock: Callable[[], float] = time.time, ask=kernel_query.ask,

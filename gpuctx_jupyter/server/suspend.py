@@ -47,7 +47,7 @@ from jupyter_server._tz import utcnow
 
 from .. import contract
 from ..contract.holders import suspended_text
-from ..core import host_memory
+from ..core import checkpoint, host_memory
 from ..core.checkpoint import CANCELLED, Outcome, Support
 from ..core.inventory import Inventory
 from ..core.procs import owner
@@ -246,20 +246,29 @@ class SuspendManager:
             await self._tell(kernel, {"token": token, "ok": False})  # it consented: not suspending after all
             raise
         rss_before = host_memory.rss(pid)
-        t0 = time.perf_counter()
-        outcome = await self.checkpointer.suspend(pid, int(self.cfg.suspend_lock_timeout * 1000), token)
-        if not outcome.ok:
-            await self._tell(kernel, {"token": token, "ok": False, "message": outcome.error})
-            raise await self._failed(pid, outcome)
+        t0, since = time.perf_counter(), self.clock()  # a request from here on resumes it: activity after `since`
+        try:
+            outcome = await self.checkpointer.suspend(pid, int(self.cfg.suspend_lock_timeout * 1000), token)
+        except Exception as exc:  # noqa: BLE001 — the helper could not run: what it did is unknown
+            outcome = Outcome(False, "unknown", {}, f"could not run the checkpoint helper: {type(exc).__name__}: {exc}")
+        if not outcome.ok:  # put back first: the kernel is told it runs only once it does
+            refusal = await self._failed(pid, outcome)
+            await self._tell(kernel, {"token": token, "ok": False, "message": refusal.message,
+                                      **({"running": False} if refusal.status == 500 else {})})
+            raise refusal
         after = await self._settled(pids, before)
-        since = self.clock()
         record = Suspended(kernel_id, pid, local, since, before, after, _uuids(inv, before),
                            time.perf_counter() - t0, outcome.steps, rss_before, host_memory.rss(pid), by,
                            *self._names(kernel_id, kernel))
         record.cache_returned = released
         self.suspended[kernel_id] = record
-        await self._tell(kernel, {"token": token, "ok": True, "since": since,
-                                  "moved": {str(o): b for o, b in record.moved.items()}, "need": record.need})
+        told = await self._tell(kernel, {"token": token, "ok": True, "since": since,
+                                         "moved": {str(o): b for o, b in record.moved.items()}, "need": record.need})
+        if told is not None and (told.get("stale") or told.get("state") != "suspended"):
+            if self.suspended.get(kernel_id) is record:  # a request came during the checkpoint and restored it
+                del self.suspended[kernel_id]
+            raise Refused(409, "not suspended: the notebook sent a request during the suspend and resumed itself; "
+                               "it runs as before")
         self.log.info("gpuctx: suspended kernel %s (%s, asked by %s): %s of GPU memory moved to host memory in %.2f s "
                       "(%s)", kernel_id, ", ".join(record.paths) or record.name, by, _gib(record.moved_total),
                       record.seconds, ", ".join(f"{_gib(b)} from cuda:{o}" for o, b in sorted(record.moved.items())))
@@ -316,33 +325,48 @@ class SuspendManager:
             raise Refused(409, f"not now: {content.get('message') or 'the kernel refused'}")
         said = content.get("pid")
         pid = attribution.host_pid(said, local, attribution.child_table()) if isinstance(said, int) else None
+        why = None
         if pid is None:
+            why = (f"the kernel reports pid {said}, which is not among this kernel's processes "
+                   f"({', '.join(map(str, sorted(pids)))}): not suspended")
+        elif said != pid:
+            why = ("it runs in a PID namespace of its own (a container): it and the checkpoint helper could not take "
+                   "turns on its process, so a cell could run as it is checkpointed; not suspended")
+        elif "locks" in content and content["locks"] != checkpoint.folder_id():
+            why = ("its temporary folder is not the server's (a TMPDIR of its own, or another container): it and the "
+                   "checkpoint helper could not take turns on its process; not suspended")
+        if why:
             await self._tell(kernel, {"token": token, "ok": False})
-            raise Refused(409, f"the kernel reports pid {said}, which is not among this kernel's processes "
-                               f"({', '.join(map(str, sorted(pids)))}): not suspended")
+            raise Refused(409, why)
         released = content.get("released_cache")
         return pid, released if isinstance(released, int) and released > 0 else 0
 
-    async def _tell(self, kernel, content: dict, timeout: float | None = None, quiet: bool = False) -> None:
+    async def _tell(self, kernel, content: dict, timeout: float | None = None, quiet: bool = False) -> dict | None:
+        """Tell the kernel how its suspend ended; its answer (None: none came)."""
         try:
-            await kernel_client.request(kernel, "control", contract.SUSPEND_DONE_REQUEST, content,
-                                        timeout or self.cfg.kernel_query_timeout)
+            reply = await kernel_client.request(kernel, "control", contract.SUSPEND_DONE_REQUEST, content,
+                                                timeout or self.cfg.kernel_query_timeout)
         except Exception as exc:  # noqa: BLE001 — the kernel copes without (it resumes from what it finds)
-            if quiet:
-                return
-            self.log.warning("gpuctx: could not tell the kernel how its suspend ended: %s: %s", type(exc).__name__, exc)
+            if not quiet:
+                self.log.warning("gpuctx: could not tell the kernel how its suspend ended: %s: %s",
+                                 type(exc).__name__, exc)
+            return None
+        return reply.get("content") or {}
 
     async def _failed(self, pid: int, outcome: Outcome) -> Refused:
         """The refusal for a suspend that failed, once the process runs again (or a 500 saying it does not)."""
         if outcome.error_name == CANCELLED or outcome.state == "running" or outcome.unwound:
             return Refused(409, f"not suspended: {outcome.error}; the kernel runs as before")
-        back = await self.checkpointer.resume(pid)  # the helper could not unwind: try once more
+        try:  # the helper could not unwind: try once more
+            back = await self.checkpointer.resume(pid)
+        except Exception as exc:  # noqa: BLE001
+            back = Outcome(False, "unknown", {}, f"could not run the checkpoint helper: {type(exc).__name__}: {exc}")
         if back.ok:
             return Refused(409, f"not suspended: {outcome.error}; the kernel runs as before")
         self.log.error("gpuctx: a failed suspend of pid %s could not be undone: %s; then %s", pid, outcome.error,
                        back.error)
         return Refused(500, f"the suspend failed ({outcome.error}) and the kernel could not be put back ({back.error}): "
-                            "its next cell will try again; restart it if that fails")
+                            "its next cell, or Resume, tries again; restart it if that fails")
 
     async def _settled(self, pids: frozenset[int], before: dict[int, int]) -> dict[int, int]:
         """NVML's figures for the kernel after the checkpoint, once they have dropped (or after SETTLE_S)."""

@@ -47,9 +47,10 @@ class FakeCuda:
         except (OSError, ValueError):
             return None
 
-    def fail(self, pid: int, step: str, code: int, leave: int | None = None) -> None:
-        """The next `step` (lock, checkpoint, restore, unlock) on `pid` fails with `code`."""
-        (self.dir / f"{pid}.fail.{step}").write_text(f"{code}" + ("" if leave is None else f" {leave}"))
+    def fail(self, pid: int, step: str, code: int, leave: int | None = None, times: int = 1) -> None:
+        """The next `times` calls of `step` (lock, checkpoint, restore, unlock) on `pid` fail with
+        `code`, leaving the state `leave` (None: unchanged)."""
+        (self.dir / f"{pid}.fail.{step}").write_text(f"{code} {-1 if leave is None else leave} {times}")
 
     def busy(self, pid: int, on: bool = True) -> None:
         """`pid` is inside a CUDA call: a lock waits its timeout and fails (NOT_READY)."""

@@ -7,7 +7,8 @@
  * run unchanged. It moves no memory: a process's state is a file,
  * $GPUCTX_FAKE_CUDA_DIR/<pid>, shared by every process that loads this library. A process
  * without that file has not started CUDA. Tests steer it with files beside it:
- *   <pid>.fail.<step>  "<CUresult> [<state left>]": that step fails (once, the file is removed)
+ *   <pid>.fail.<step>  "<CUresult> [<state left> [<times>]]": that step fails (once, or <times>
+ *                      times; then the file is removed; a state left of -1 leaves it unchanged)
  *   <pid>.busy         the process is inside a CUDA call: lock waits its timeout, then fails with
  *                      CUDA_ERROR_NOT_READY and leaves it running (as the driver did)
  *   <pid>.hang.<step>  that step does not return while the file exists (a driver call that hangs);
@@ -84,11 +85,16 @@ static int planned_failure(int pid, const char *step, int *leave) {
     path(p, sizeof p, pid, suffix);
     FILE *f = fopen(p, "r");
     if (!f) return 0;
-    int code = 0;
+    int code = 0, times = 1;
     *leave = -1;
-    if (fscanf(f, "%d %d", &code, leave) < 1) code = NOT_SUPPORTED;
+    if (fscanf(f, "%d %d %d", &code, leave, &times) < 1) code = NOT_SUPPORTED;
     fclose(f);
-    unlink(p);
+    if (times > 1) { /* fails again, as often as asked */
+        f = fopen(p, "w");
+        if (f) { fprintf(f, "%d %d %d", code, *leave, times - 1); fclose(f); }
+    } else {
+        unlink(p);
+    }
     return code;
 }
 
