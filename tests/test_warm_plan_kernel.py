@@ -339,3 +339,54 @@ def test_a_warm_up_step_between_a_seeding_cell_and_the_next_leaves_the_next_cell
         assert r.stdout.strip() == "True True", r.stdout
     finally:
         stop(km, kc)
+
+
+SETS = "torch.set_default_dtype(torch.float64)\ntorch.use_deterministic_algorithms(True)\ntorch.manual_seed(1234)"
+SETTINGS = "print(torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled(), torch.initial_seed())"
+
+
+def test_a_cell_that_sets_what_the_warm_ups_compile_puts_back_keeps_it(tmp_path):
+    """Dynamo saves the default dtype, deterministic mode and the generators' states as it starts
+    compiling and puts them back as it ends: a cell that set them while the warm-up's compile ran
+    lost them (float32 again, deterministic off, the seed gone) for every later cell."""
+    nb = tmp_path / "new.ipynb"
+    notebook(nb, [])
+    km, kc = kernel(tmp_path, nb, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    try:
+        assert run(kc, "import torch", timeout=120).reply["status"] == "ok"
+        assert control(kc, "gpuctx_cells_request", {"cells": ["import torch", COMPILE_CELL]})["planned"] >= 1
+        wait_for(lambda: warmup_now(kc).get("phase", "").startswith("compile a tiny model"), timeout=300, every=0.05)
+        assert run(kc, SETS, timeout=300).reply["status"] == "ok"  # sent while the warm-up compiles
+        view = wait_for(lambda: warm_up_ended(kc, "compile a tiny model"), timeout=300, every=0.5)
+        step = next(s for s in view["plan"]["steps"] if s["name"].startswith("compile a tiny model"))
+        assert step["state"] == "done" and "cell started" in step["detail"], step  # it came during the step
+        r = run(kc, SETTINGS)
+        assert r.stdout.strip() == "torch.float64 True 1234", r.stdout
+    finally:
+        stop(km, kc)
+
+
+LOADING_CELL = ("%load_ext gpuctx\nimport time\nt0 = time.monotonic()\n"
+                "while time.monotonic() - t0 < 3:  # a cell that runs on after loading gpuctx\n    pass\n"
+                "loaded_cell_end = time.monotonic()")
+
+
+def test_a_warm_up_started_by_a_cells_load_ext_waits_for_that_cell(tmp_path):
+    """`%load_ext gpuctx` in a cell (after `%unload_ext`, or where the server's hook set the policy):
+    the loading cell had begun before gpuctx could count it, so the warm-up took the kernel for idle
+    and ran its steps beside it — and gave the generators back their state from before each step,
+    undoing a seed the cell set meanwhile."""
+    nb = tmp_path / "train.ipynb"
+    notebook(nb, ["import torch\nmodel = torch.nn.Linear(4, 2)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)"])
+    km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "always", "GPUCTX_WARM_SOURCE": "server hook"},
+                   cwd=str(tmp_path))
+    try:
+        assert run(kc, LOADING_CELL, timeout=120).reply["status"] == "ok"
+        view = wait_for(lambda: warm_up_ended(kc, "import torch"), timeout=300, every=0.5)
+        began = [s["name"] for s in view["plan"]["steps"] if s.get("started") is not None]
+        assert began, view["plan"]
+        r = run(kc, "print(min(s.started for s in get_ipython()._gpuctx.warmer.plan.steps if s.started is not None)"
+                    " >= loaded_cell_end)")
+        assert r.stdout.strip() == "True", (r.stdout, began)
+    finally:
+        stop(km, kc)

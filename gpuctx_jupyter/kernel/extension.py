@@ -51,6 +51,9 @@ def load(ip) -> KernelState:
     at_start = _at_kernel_start(ip)
     if at_start:
         _let_the_notebook_load_quietly(ip)
+    loading_cell = getattr(ip.displayhook, "exec_result", None)
+    if loading_cell is not None:  # loaded by a cell: it counts as a running cell (its post_run_cell
+        st.before_cell(getattr(loading_cell, "info", None))  # comes to us), or a warm-up started now ran beside it
     start.start_from_config(st, ip, GpuWarmup(parent=ip), defer=at_start)
     return st
 

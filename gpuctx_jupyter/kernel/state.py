@@ -16,6 +16,7 @@ import time
 
 from ..core import frameworks as fws
 from .switching import WATCHED, PostImportHook, Switcher
+from .warm import compile_guard
 from .warm.scheduler import Warmer
 
 log = logging.getLogger("gpuctx")
@@ -70,9 +71,11 @@ class KernelState:
     # -- cell events (IPython's pre_run_cell / post_run_cell) -------------------------------------
     def before_cell(self, info=None) -> None:
         self.cells_running += 1
+        source = getattr(info, "raw_cell", "") or ""
         try:
-            self.warmer.cell_started(getattr(info, "raw_cell", "") or "")
-        except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import
+            self.warmer.cell_started(source)
+            compile_guard.wait_for(source)  # a cell that sets what the warm-up's compile puts back
+        except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import or compile
             _interrupt_the_cell()
             self._interrupting = True
         self.switcher.enforce()

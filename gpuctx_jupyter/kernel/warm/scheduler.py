@@ -161,8 +161,7 @@ class Warmer:
         """Start soon after `answered()` (the kernel's kernel_info replies) or after `within` s,
         whichever comes first; `on_start()` is called then."""
         with self._lock:
-            self._pending = (make_plan, device, source)
-            self._on_start = on_start
+            self._pending, self._on_start = (make_plan, device, source), on_start
             self.status = WarmState(state="running", source=source, device=device, phase="starting")
             self._cell_started, self._user_gpu = None, False
         side.timer(within, self.go)
@@ -210,8 +209,7 @@ class Warmer:
     def go(self) -> bool:
         """Start a scheduled warm-up now; False when none was scheduled."""
         with self._lock:
-            pending, self._pending = self._pending, None
-            on_start, self._on_start = self._on_start, None
+            (pending, on_start), self._pending, self._on_start = (self._pending, self._on_start), None, None
             if self._grace is not None:
                 self._grace.cancel()
         if pending is None:
@@ -402,8 +400,8 @@ class Warmer:
                     if s.state == "planned":
                         s.state, s.detail = "skipped", short
             else:
-                if self._ordinals is None:  # the first batch picks the devices
-                    self._ordinals = devices_of(plan, device, self.switcher)
+                if self._ordinals is None:  # the first batch picks the devices (follows none once stopped)
+                    self._ordinals = devices_of(plan, device, None if self._stop_asked else self.switcher)
                     self.status.device = self._ordinals[0]
                 gpu_batch(self, plan, self._ordinals, todo)
         self.wait_background()
@@ -473,7 +471,10 @@ class Warmer:
 
     def unniced(self, fn):
         """`fn()`, at the kernel's CPU priority: processes it starts (inductor's compile workers)
-        outlive the warm-up, and a standby's low priority cannot be raised again once inherited."""
+        outlive the warm-up, and a standby's low priority cannot be raised again once inherited.
+        Between turns: never once stopped (unloaded, suspended), as a phase would not be."""
+        if self._stop_asked:
+            raise _Unloaded
         return self._unniced.run(fn) if self._unniced is not None else fn()
 
     def _phase(self, step: Step, fn, heavy: bool = False) -> bool:
@@ -596,5 +597,4 @@ class _SteppedAside(Exception):
 
 
 class _Unloaded(_SteppedAside):
-    """Stopped (gpuctx unloaded, the kernel suspended) while the warm-up ran: the thread ends at its
-    next turn."""
+    """Stopped (gpuctx unloaded, the kernel suspended) while the warm-up ran: it ends at its next turn."""

@@ -10,6 +10,7 @@ import sys
 from ....contract import INDUCTOR_MODULE, STANDBY
 from ....core import cuda_driver
 from ....core.frameworks import imported
+from .. import compile_guard
 from ..plan import Step
 from . import inductor
 
@@ -285,11 +286,12 @@ def compile_tiny(torch, dev) -> None:
     benchmark and the device's peak rates it reads through nvidia-smi) is paid here, about 0.2 s
     of a never-seen graph's first compile on an H200 (docs/benchmarks.md, ninth run)."""
     nn = torch.nn
-    net = nn.Sequential(nn.Linear(256, 257), nn.GELU(), nn.Linear(257, 8)).to(dev)
-    fn = torch.compile(_tiny_net)
-    x = torch.randn(64, 256, device=dev)
-    fn(x, net).backward()
-    float(fn(x, net).detach())
+    with compile_guard.compiling():  # dynamo puts back settings a cell may set meanwhile
+        net = nn.Sequential(nn.Linear(256, 257), nn.GELU(), nn.Linear(257, 8)).to(dev)
+        fn = torch.compile(_tiny_net)
+        x = torch.randn(64, 256, device=dev)
+        fn(x, net).backward()
+        float(fn(x, net).detach())
 
 
 def _workers_step(run, step: Step, torch) -> Step | None:
@@ -358,7 +360,8 @@ def _first_jobs(archs) -> str:
 
 def _compile_through(step: Step, torch, dev) -> None:
     jobs = _first_jobs(lambda: {inductor.arch_of(torch, dev)})
-    inductor.through_workers(torch, dev)
+    with compile_guard.compiling():
+        inductor.through_workers(torch, dev)
     step.detail = f"{jobs}; kept 10 min after their last job"
 
 
