@@ -83,6 +83,50 @@ def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket
     ks.close()
 
 
+def test_a_hung_kernel_replaced_by_a_standby_is_asked_to_stop_before_it_is_killed(pool_server, tmp_path):
+    """A restart served by a standby stops the old process in the background. A hung one was given
+    10 s, then SIGKILL, never SIGTERM: a stuck GPU notebook's memory stayed held 10 s into the new
+    kernel's first cells, and the SIGTERM handlers of its code never ran. Now it is stopped as
+    jupyter_client stops a kernel: SIGTERM half way through the shutdown wait, then SIGKILL."""
+    srv = pool_server("--GpuctxServer.warm_policy=always")
+    ready_standby(srv)
+    kid = srv.start_kernel()
+    ks = srv.channels(kid)
+    termed = tmp_path / "termed"
+    old = int(ks.execute("import os; print(os.getpid())").stdout)
+    ks.execute(f"import os, signal\nsignal.signal(signal.SIGTERM, lambda *_: (open({str(termed)!r}, 'w').close(), "
+               "os._exit(0)))")
+    # it does not exit when asked (as a kernel stuck on its control thread would not)
+    ks.execute("async def ignored(*args, **kwargs):\n    pass\nget_ipython().kernel.control_handlers['shutdown_request'] = ignored")
+    ready_standby(srv)  # the refill: the restart is served by it
+    assert srv.api("POST", f"/api/kernels/{kid}/restart")[0] == 200
+    def ended():
+        try:
+            return psutil.Process(old).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    wait_for(ended, timeout=60)
+    assert termed.exists()  # asked with SIGTERM first: its handler ran
+    ks.close()
+
+
+def test_a_notebook_that_cannot_be_read_gets_a_fresh_kernel_and_status_says_why(pool_server, tmp_path):
+    """Under warm_policy=always a notebook is not read to decide whether to warm it, and one that
+    could not be read (invalid JSON, too large, a read that timed out) skipped the check of its
+    set-up lines: a notebook that sets OMP_NUM_THREADS before `import torch` got a standby whose
+    torch had read the wrong value."""
+    (tmp_path / "broken.ipynb").write_text('{"cells": [{"cell_type": "code", "source": "import os\\nos.environ[')
+    srv = pool_server("--GpuctxServer.warm_policy=always")
+    standby = ready_standby(srv)
+    kid = srv.start_kernel(path="broken.ipynb")
+    ks = srv.channels(kid)
+    assert int(ks.execute("import os; print(os.getpid())").stdout) not in standby  # a fresh kernel
+    status = ks.execute("%gpu status").text
+    assert "started fresh, not from the warm pool: cannot read the notebook" in status, status
+    ks.close()
+
+
 def test_server_shutdown_leaves_no_kernel_process(pool_server):
     srv = pool_server()
     wait_for(lambda: kernel_pids(srv))

@@ -526,10 +526,11 @@ class Pool:
             differ.append("GPUCTX_DEVICE")
         if differ:
             return f"{', '.join(differ)} differ from the standby's"
-        if not facts.error:
-            why = sb.unsafe_setup(s, facts)
-            if why:
-                return why
+        if facts.error and facts.path:  # (no path: no notebook, no set-up lines)
+            return f"{facts.error}: whether its set-up must run before the standby's imports cannot be told"
+        why = None if facts.error else sb.unsafe_setup(s, facts)
+        if why:
+            return why
         if s.kind == "imports" or s.notebook != facts.path:
             return await asyncio.get_running_loop().run_in_executor(None, sb.shadowed, s, cwd)
         return None

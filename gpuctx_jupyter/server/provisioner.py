@@ -39,7 +39,7 @@ from . import jupyter_internals as internals
 
 NAME = "gpuctx"
 ENTRY_POINT = EntryPoint(NAME, f"{__name__}:GpuctxProvisioner", KernelProvisionerFactory.GROUP_NAME)
-STOP_TIMEOUT_S = 10.0  # a replaced process that has not exited by then is killed
+STOP_WAIT_S = 5.0  # a replaced process's shutdown wait, where its manager gives none (jupyter_client's default)
 
 # The server's kernel manager -> what launches its kernels (set by the extension's composition root).
 _ATTACHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -172,7 +172,8 @@ class GpuctxProvisioner(LocalProvisioner):
             process, pgid = self.process, self.pgid
             if process is not None:
                 self.process = None  # jupyter_client sees it gone at once
-                self._reaping = at.background.spawn(_reap(process, pgid, at.log),
+                wait = float(getattr(self.parent, "shutdown_wait_time", STOP_WAIT_S) or STOP_WAIT_S)
+                self._reaping = at.background.spawn(_reap(process, pgid, at.log, wait),
                                                     f"stopping the replaced process {process.pid}")
 
     async def cleanup(self, restart: bool = False):
@@ -182,17 +183,20 @@ class GpuctxProvisioner(LocalProvisioner):
             at.launcher.forget(self.parent.kernel_id)
 
 
-async def _reap(process, pgid, log) -> None:
-    """Wait for a process that was asked to shut down; kill it (its group) if it does not."""
+async def _reap(process, pgid, log, wait: float = STOP_WAIT_S) -> None:
+    """Wait for a process that was asked to shut down, as jupyter_client waits for a kernel: half
+    of `wait` (its manager's shutdown_wait_time), then SIGTERM to its group, the other half, then
+    SIGKILL (a hung GPU notebook's memory is freed within `wait`, and its SIGTERM handlers run)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + STOP_TIMEOUT_S
-    while process.poll() is None and loop.time() < deadline:
-        await asyncio.sleep(0.1)
-    if process.poll() is None:
-        log.info("gpuctx pool: the replaced kernel process %s did not exit in %g s: killing it", process.pid,
-                 STOP_TIMEOUT_S)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = loop.time() + wait / 2
+        while process.poll() is None and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        if process.poll() is not None:
+            break
+        log.info("gpuctx pool: the replaced kernel process %s did not exit: %s", process.pid, sig.name)
         try:
-            os.killpg(pgid, signal.SIGKILL) if pgid else process.kill()
+            os.killpg(pgid, sig) if pgid else process.send_signal(sig)
         except OSError:
             pass
     try:
