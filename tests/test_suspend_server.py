@@ -392,7 +392,7 @@ async def test_a_cell_sent_during_the_checkpoint_resumes_the_kernel_and_the_susp
     kernel = jp_serverapp.kernel_manager.get_kernel(kid)
     await arun(kernel, "y = 7")
     gpuctx.gpu.held[pid] = 4 * GIB
-    client = kernel.client()  # connected first (a kernel_info while it suspends waits for the checkpoint)
+    client = kernel.client()  # connected before the suspend: the cell is sent at the moment chosen
     client.start_channels()
     await client.wait_for_ready(timeout=60)
     fake.hang(pid, "checkpoint")
