@@ -1,6 +1,7 @@
 """The warm kernel pool in a real jupyter_server with real kernels (no GPU here)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -314,9 +315,9 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
         steps.append({"kind": "import", "name": step, "state": "done"})
         rss["now"] += grew_mib * 2**20
         learn_report(s, {"plan": {"steps": steps}})
-        pool.mem.look(s)
+        asyncio.run(pool.mem.look(s))
 
-    pool.mem.look(s)  # the first look: where it starts from
+    asyncio.run(pool.mem.look(s))  # the first look: where it starts from
     after("import transformers", 200)
     after("from transformers import Trainer", 600)
     after("import datasets", 50)
@@ -325,7 +326,7 @@ def test_what_resolving_a_name_adds_counts_for_its_module_not_the_next_import(mo
     s = booting_standby(pool, GIB)  # the next one: transformers already imported at its first look
     steps[:] = [{"kind": "import", "name": "import transformers", "state": "done"}]
     learn_report(s, {"plan": {"steps": steps}})
-    pool.mem.look(s)
+    asyncio.run(pool.mem.look(s))
     after("from transformers import Trainer", 600)
     assert pool.profile.entries["transformers"].memory // 2**20 == 800
 
@@ -347,10 +348,10 @@ def test_the_processes_an_import_starts_count_in_its_memory(monkeypatch):
     monkeypatch.setattr(host_memory, "rss", lambda pid: GIB)
     monkeypatch.setattr(procs, "descendants", lambda pid: list(workers))
     monkeypatch.setattr(host_memory, "pss", lambda pid: 100 * 2**20)
-    pool.mem.look(s)
+    asyncio.run(pool.mem.look(s))
     workers[:] = range(1000, 1032)  # 32 compile workers
     learn_report(s, {"plan": {"steps": [{"kind": "import", "name": f"import {INDUCTOR_MODULE}", "state": "done"}]}})
-    pool.mem.look(s)
+    asyncio.run(pool.mem.look(s))
     assert pool.profile.entries[INDUCTOR_MODULE].memory == 32 * 100 * 2**20
 
 

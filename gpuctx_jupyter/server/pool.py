@@ -268,7 +268,7 @@ class Pool:
         for s in list(self.standbys):
             if s.state not in ("booting", "ready"):
                 continue
-            self.mem.look(s)
+            await self.mem.look(s)
             dead = s.ready and not s.alive()
             old = self.cfg.pool_max_age and now - s.started > self.cfg.pool_max_age
             unwanted = self.auto and s.kind == "gpu" and s.kernel_name not in self.reserve.notebooks

@@ -51,7 +51,7 @@ LOADED_BEFORE_ANY_CODE = frozenset({"__future__", "builtins", "os", "sys"})  # i
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
 WARM_TIMEOUT_S = 180.0  # a standby still warming up by then counts as ready anyway
 HAND_OVER_TIMEOUT_S = 10.0
-RSS_EVERY_S = 5.0  # a standby's memory is read at most this often (smaps_rollup: a few ms a process)
+RSS_EVERY_S = 5.0  # a standby's memory is read at most this often (smaps_rollup: ms a process; off the loop)
 
 
 class StandbyFailed(Exception):
@@ -102,17 +102,30 @@ class Standby:
 
     def rss(self) -> int | None:
         """Its resident memory, with its processes' (the workers' imports, kernel/worker_zygote.py;
-        inductor's compile workers, forked from one process: their shared pages count once, PSS).
-        Read again after RSS_EVERY_S seconds, or once its state has changed."""
+        inductor's compile workers, forked from one process: their shared pages count once, PSS),
+        as last read: the pool's tick reads it again off the event loop (read_memory) after
+        RSS_EVERY_S seconds or once its state has changed; read here only the first time."""
         if not self.pid:
             return None
-        now = time.monotonic()
-        if self._rss is None or now - self._rss[0] >= RSS_EVERY_S or self._rss[1] != self.state:
-            self._rss = (now, self.state, self.memory_now())
+        if self._rss is None:
+            self._rss = (time.monotonic(), self.state, self.memory_now())
         return self._rss[2]
 
+    def memory_stale(self) -> bool:
+        return self._rss is None or time.monotonic() - self._rss[0] >= RSS_EVERY_S or self._rss[1] != self.state
+
+    async def read_memory(self) -> int | None:
+        """memory_now(), read in a thread (smaps_rollup of up to 32 compile workers: ~3 ms each on a
+        loaded host, too long for the event loop every few seconds) and kept for rss()."""
+        if not self.pid:
+            return None
+        state = self.state
+        value = await asyncio.get_running_loop().run_in_executor(None, self.memory_now)
+        self._rss = (time.monotonic(), state, value)
+        return value
+
     def memory_now(self) -> int | None:
-        """rss(), read now (a few ms with inductor's compile workers)."""
+        """rss(), read now (in a thread: read_memory)."""
         own = host_memory.rss(self.pid) if self.pid else None
         return None if own is None else own + sum(host_memory.pss(p) or 0 for p in procs.descendants(self.pid))
 

@@ -18,6 +18,8 @@ free, so that a budget that wavers does not trade an import in and out with ever
 """
 from __future__ import annotations
 
+import asyncio
+
 from ..core import host_memory
 from .import_profile import ImportProfile
 
@@ -47,12 +49,18 @@ class StandbyMemory:
         guess = self.seen if kind == "imports" else IMPORT_STANDBY_GUESS
         return m["available"] is None or m["standbys"] + guess <= m["budget"]
 
-    def look(self, s) -> None:
-        """While an imports standby imports: what the imports it finished since the last look added
-        (with the processes an import started: inductor's compile workers are its memory too)."""
-        if s.kind != "imports" or s.state != "booting" or s.paused or not s.pid:
+    async def look(self, s) -> None:
+        """Read standby `s`'s memory (off the event loop: every tick while an imports standby
+        imports, else when its reading is stale); while it imports, what the imports it finished
+        since the last look added (with the processes an import started: inductor's compile
+        workers are its memory too)."""
+        if not s.pid:
             return
-        own = s.memory_now()
+        if s.memory_stale():
+            await s.read_memory()
+        if s.kind != "imports" or s.state != "booting" or s.paused:
+            return
+        own = await asyncio.get_running_loop().run_in_executor(None, s.memory_now)
         if own is None:
             return
         done = frozenset(s.imports) | frozenset(s.resolved)
