@@ -126,6 +126,13 @@ def test_a_notebook_that_cannot_be_read_gets_a_fresh_kernel_and_status_says_why(
     status = ks.execute("%gpu status").text
     assert "started fresh, not from the warm pool: cannot read the notebook" in status, status
     ks.close()
+    standby = ready_standby(srv)  # a console's session names no file: it has no set-up to check
+    code, model = srv.api("POST", "/api/sessions", {"path": "Console 1", "type": "console", "name": "Console 1",
+                                                   "kernel": {"name": "python3"}})
+    assert code == 201, model
+    ks = srv.channels(model["kernel"]["id"])
+    assert int(ks.execute("import os; print(os.getpid())").stdout) in standby
+    ks.close()
 
 
 def test_server_shutdown_leaves_no_kernel_process(pool_server):

@@ -381,6 +381,15 @@ async def test_a_failed_suspend_that_cannot_be_undone_leaves_the_kernel_to_resto
     assert seen["suspend"]["state"] == "suspended" and "could not be put back" in seen["suspend"]["error"], seen
     r = await arun(kernel, "print(x + 1)")
     assert r.stdout.splitlines()[-1] == "42" and fake.state(pid) == 0  # unlocked before it ran
+    for _ in range(600):  # the steps the consent gave up run again once it runs: a suspend waits for them
+        if (await kernel_query.ask(kernel, 5)).get("warmup", {}).get("state") != "running":
+            break
+        await asyncio.sleep(0.2)
+    fake.fail(pid, "checkpoint", NOT_SUPPORTED, leave=1)  # again, and this time Resume puts it back
+    fake.fail(pid, "unlock", NOT_READY, times=2)
+    assert (await post(jp_fetch, kid, "suspend"))[0] == 500 and fake.state(pid) == 1
+    code, resumed = await post(jp_fetch, kid, "resume")
+    assert code == 200 and resumed["resumed"] is True and fake.state(pid) == 0, resumed
 
 
 async def test_a_cell_sent_during_the_checkpoint_resumes_the_kernel_and_the_suspend_says_so(
@@ -403,6 +412,8 @@ async def test_a_cell_sent_during_the_checkpoint_resumes_the_kernel_and_the_susp
         if ((await kernel_query.ask(kernel, 5)).get("suspend") or {}).get("state") == "resuming":
             break
         await asyncio.sleep(0.1)
+    else:
+        raise AssertionError("the cell never began to resume the kernel")
     fake.hang(pid, "checkpoint", False)
     code, answer = await asyncio.wait_for(suspending, 60)
     assert code == 409 and answer["message"].startswith("not suspended: the notebook sent a request during the "

@@ -390,3 +390,20 @@ def test_a_warm_up_started_by_a_cells_load_ext_waits_for_that_cell(tmp_path):
         assert r.stdout.strip() == "True", (r.stdout, began)
     finally:
         stop(km, kc)
+
+
+def test_gpuctx_loaded_by_a_silent_request_leaves_no_cell_counted(tmp_path):
+    """A silent execute (the gateway's warm-up request, an IPython start-up file) gets no
+    post_run_cell: counted as a running cell, it stayed one for good and the warm-up waited for
+    "your cells" forever."""
+    nb = tmp_path / "train.ipynb"
+    notebook(nb, ["import torch"])
+    km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "always", "GPUCTX_WARM_SOURCE": "server hook"},
+                   cwd=str(tmp_path))
+    try:
+        msg_id = kc.execute("%load_ext gpuctx", silent=True)
+        assert reply_to(kc, msg_id, timeout=60)["content"]["status"] == "ok"
+        assert run(kc, "print(get_ipython()._gpuctx.cells_running)").stdout.strip() == "1"  # this cell only
+        assert wait_for(lambda: warm_up_ended(kc, "import torch"), timeout=300, every=0.5)
+    finally:
+        stop(km, kc)

@@ -410,6 +410,32 @@ def test_an_interrupt_while_the_workers_stop_still_leaves_nothing_running(tmp_pa
         kernels.stop(km, kc)
 
 
+def test_an_interrupt_while_unloading_stops_the_workers_and_still_unloads_everything(tmp_path):
+    """`%unload_ext gpuctx` stops the workers first; Interrupt pressed while they stop ended the
+    unload there: the import hook, the suspend gate and the magics stayed, half unloaded, and IPython
+    counted gpuctx as loaded. The unload goes on to its end instead."""
+    holding, release = tmp_path / "holding", tmp_path / "release"
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, START, timeout=300).reply["status"] == "ok"
+        every = tree(kernel_pid(kc))
+        assert run(kc, HOLD_STOP % {"holding": str(holding), "release": str(release)}).reply["status"] == "ok"
+        msg_id = kc.execute("%unload_ext gpuctx")
+        wait_for(holding.exists, timeout=60)
+        km.interrupt_kernel()
+        release.touch()
+        assert reply_to(kc, msg_id, timeout=120)["content"]["status"] == "ok"
+        wait_idle(kc, msg_id)
+        wait_for(lambda: gone(every), timeout=60)
+        r = run(kc, "print(hasattr(get_ipython(), '_gpuctx'), 'gpu' in get_ipython().magics_manager.magics['line'])")
+        assert r.stdout.strip() == "False False", r.stdout  # unloaded, all of it
+        r = run(kc, "%load_ext gpuctx\n%gpu workers")
+        assert r.reply["status"] == "ok", r.text  # and loads again
+    finally:
+        kernels.stop(km, kc)
+
+
 def test_an_error_of_several_workers_is_said_by_its_first_worker():
     """A result asked of several workers fails with ipyparallel's CompositeError, whose own name and
     value are None: the line said `a worker failed to say who they are: None: None`."""

@@ -51,9 +51,9 @@ def load(ip) -> KernelState:
     at_start = _at_kernel_start(ip)
     if at_start:
         _let_the_notebook_load_quietly(ip)
-    loading_cell = getattr(ip.displayhook, "exec_result", None)
-    if loading_cell is not None:  # loaded by a cell: it counts as a running cell (its post_run_cell
-        st.before_cell(getattr(loading_cell, "info", None))  # comes to us), or a warm-up started now ran beside it
+    info = getattr(getattr(ip.displayhook, "exec_result", None), "info", None)
+    if info is not None and not getattr(info, "silent", False):  # loaded by a cell: it counts as running (its
+        st.before_cell(info)  # post_run_cell comes to us; a silent one's never does), or the warm-up ran beside it
     start.start_from_config(st, ip, GpuWarmup(parent=ip), defer=at_start)
     return st
 
@@ -117,7 +117,10 @@ def unload(ip) -> None:
     GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)
     workers = st.close_workers()
     if workers is not None:
-        workers.stop()
+        try:
+            workers.stop()
+        except KeyboardInterrupt:  # pressed while they stop (they do stop): the unload goes on to its end,
+            pass  # or IPython would count gpuctx as loaded, half of it gone
     st.import_hook.remove()
     st.switcher.threads.remove()
     suspend.uninstall(ip)

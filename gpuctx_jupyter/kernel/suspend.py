@@ -66,6 +66,7 @@ NO_USER_CODE = frozenset({"kernel_info_request", "connect_request", "history_req
 # How long a resume may take before the kernel gives up on it: the restore of a whole H200's memory
 # is ~30 s (0.22 s/GiB, docs/benchmarks.md), after waiting for a suspend under way (~0.5 s/GiB).
 RESTORE_TIMEOUT_S = 300.0
+CELL_END_S = 0.5  # a consent waits this long for a cell that has just ended to be done with (after())
 WARMUP_STOP_S = 1.0  # a suspend waits this long for a warm-up step under way (the server, 2 s in all)
 STOPPING = "a suspend was asked for"  # why the warm-up's steps given up for a consent were skipped
 WARMING = ("its warm-up is in the middle of a step or an import: try again once that has ended (`%gpu status` "
@@ -147,6 +148,8 @@ class Gate:
         return result
 
     def _prepare(self, token: str) -> dict:
+        with self._cond:  # a cell just ended: ipykernel says idle before its post-handler hook ends it here
+            self._cond.wait_for(lambda: not self.busy, timeout=CELL_END_S)
         why = ("no token given" if not token else "it is running a cell: suspend it once it is idle" if self.busy
                else self._refusal())
         if why:
@@ -251,6 +254,7 @@ class Gate:
         ipykernel 7 calls in the subshell's thread for a subshell's request)."""
         with self._cond:
             self._busy.discard(threading.get_ident())
+            self._cond.notify_all()
 
     def resume(self, by: str, wait: bool = True) -> dict:
         """Back to running from wherever the suspend got to, within RESTORE_TIMEOUT_S; one at a
@@ -301,7 +305,7 @@ class Gate:
             return {"status": "error", "message": self.error, "error_name": outcome.get("error_name"),
                     "state": self.state}
         self._warm_on()
-        return {"status": "ok", "resumed": "restore" in steps, "state": RUNNING, "seconds": round(seconds, 4),
+        return {"status": "ok", "resumed": bool(steps), "state": RUNNING, "seconds": round(seconds, 4),
                 "steps": steps, "moved": moved}
 
     def _warm_on(self) -> None:

@@ -189,8 +189,10 @@ class Preparing(Configurable):
                 self._launch_local(ipp, gpus, n, warm, prepared=prepared, zygote=zygote)
                 return True
             except worker_zygote.ForkError as exc:
-                self._teardown()
-                worker_zygote.stop()
+                try:
+                    self._teardown()
+                finally:
+                    worker_zygote.stop()
                 self.fork_note = one_line(f"the workers could not be forked from the imports done ahead ({exc}): "
                                           "they start the usual way")
                 if say:

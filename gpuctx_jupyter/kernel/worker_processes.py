@@ -232,7 +232,7 @@ def _starts_returned(cluster, wait: float = STARTS_WAIT_S) -> None:
     """Wait (at most `wait` s) for a start under way on ipyparallel's thread to return. A cell's
     `_sync` calls run there, and a launcher knows its process only once its start returns: an
     interrupt of the line just before lets the stop (in another thread) miss a process that then
-    runs for the kernel's life. A fork held longer is ended as it returns (worker_zygote.abandon)."""
+    runs for the kernel's life. One held longer is ended as it returns (worker_launchers.abandon)."""
     thread, loop = getattr(cluster, "_async_thread", None), getattr(cluster, "_thread_loop", None)
     if thread is None or loop is None or not thread.is_alive() or thread is threading.current_thread():
         return

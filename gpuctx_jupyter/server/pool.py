@@ -526,7 +526,7 @@ class Pool:
             differ.append("GPUCTX_DEVICE")
         if differ:
             return f"{', '.join(differ)} differ from the standby's"
-        if facts.error and facts.path:  # (no path: no notebook, no set-up lines)
+        if facts.error and facts.path and os.path.exists(facts.path):  # (none there: a console, no set-up lines)
             return f"{facts.error}: whether its set-up must run before the standby's imports cannot be told"
         why = None if facts.error else sb.unsafe_setup(s, facts)
         if why:

@@ -264,7 +264,7 @@ class SuspendManager:
         self.suspended[kernel_id] = record
         told = await self._tell(kernel, {"token": token, "ok": True, "since": since,
                                          "moved": {str(o): b for o, b in record.moved.items()}, "need": record.need})
-        if told is not None and (told.get("stale") or told.get("state") != "suspended"):
+        if told is not None and (told.get("stale") or told.get("state") in ("running", "resuming")):
             if self.suspended.get(kernel_id) is record:  # a request came during the checkpoint and restored it
                 del self.suspended[kernel_id]
             raise Refused(409, "not suspended: the notebook sent a request during the suspend and resumed itself; "

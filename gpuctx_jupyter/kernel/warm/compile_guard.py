@@ -14,9 +14,11 @@ import threading
 import time
 from contextlib import contextmanager
 
-# What a cell may set that dynamo puts back: the seeds and generator states, the default dtype and
-# tensor type, deterministic mode, the matmul precision (TF32) switches.
-SETS = re.compile(r"manual_seed|\bseed\(|set_rng_state|random\.setstate|set_default_dtype|set_default_tensor_type"
+# What a cell may set that dynamo puts back: the seeds and generator states (`manual_seed`, a
+# library's `set_seed`, `seed_everything`), the default dtype and tensor type, deterministic mode,
+# the matmul precision (TF32) switches. While it waits, the compile's own imports are held no longer
+# than the import gate holds any for a cell (HOLD_MAX_S).
+SETS = re.compile(r"\w*seed\w*\s*\(|set_rng_state|random\.setstate|set_default_dtype|set_default_tensor_type"
                   r"|use_deterministic_algorithms|set_float32_matmul_precision|allow_tf32|fp32_precision")
 WAIT_S = 120.0  # at most (the warm-up's tiny compile takes seconds; a hung one is not waited for longer)
 

@@ -117,8 +117,7 @@ class Warmer:
             self._under_way.clear()
             if not scheduled:
                 self._cell_started, self._user_gpu = None, False
-            self._background, self._ordinals = [], None
-            self._holds_handles = False
+            self._background, self._ordinals, self._holds_handles = [], None, False
             self._thread = threading.Thread(target=self._run, args=(make_plan, device), name="gpuctx-warmup",
                                             daemon=True)
             self._thread.start()
@@ -209,7 +208,8 @@ class Warmer:
     def go(self) -> bool:
         """Start a scheduled warm-up now; False when none was scheduled."""
         with self._lock:
-            (pending, on_start), self._pending, self._on_start = (self._pending, self._on_start), None, None
+            pending, self._pending = self._pending, None
+            on_start, self._on_start = self._on_start, None
             if self._grace is not None:
                 self._grace.cancel()
         if pending is None:
