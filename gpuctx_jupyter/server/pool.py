@@ -377,10 +377,10 @@ class Pool:
             await sb.until_ready(standby, lambda: self._closing)
             report = await sb.until_warmed(standby, lambda: self._closing)
             self._learn_outcomes(standby, report)
-            if standby.state == "booting":
-                if kind == "imports" and (report.get("cuda_started") or "context" in self._cuda_of(report)):
-                    raise StandbyFailed("its imports created a CUDA context (dropped from the import profile)")
-                standby.state = "ready"
+            if standby.state == "booting" and kind == "imports" and (
+                    report.get("cuda_started") or "context" in self._cuda_of(report)):
+                raise StandbyFailed("its imports created a CUDA context (dropped from the import profile)")
+            if await standby.become_ready():  # (False: stopped or taken while its memory was read)
                 self.mem.ready(standby)
                 self._recovered(name, kind)
                 self.log.info("gpuctx pool: standby %s kernel ready (pid %s, %s)", name, standby.pid,

@@ -114,15 +114,27 @@ class Standby:
     def memory_stale(self) -> bool:
         return self._rss is None or time.monotonic() - self._rss[0] >= RSS_EVERY_S or self._rss[1] != self.state
 
-    async def read_memory(self) -> int | None:
+    async def read_memory(self, state: str | None = None) -> int | None:
         """memory_now(), read in a thread (smaps_rollup of up to 32 compile workers: ~3 ms each on a
-        loaded host, too long for the event loop every few seconds) and kept for rss()."""
+        loaded host, too long for the event loop every few seconds) and kept for rss() as the
+        reading of `state` (default: the state it has now)."""
         if not self.pid:
             return None
-        state = self.state
+        state = state or self.state
         value = await asyncio.get_running_loop().run_in_executor(None, self.memory_now)
         self._rss = (time.monotonic(), state, value)
         return value
+
+    async def become_ready(self) -> bool:
+        """A booting standby becomes ready, with its memory as it is now (what the next standby of its
+        kind is counted at); False when it is no longer booting (stopped, or taken, meanwhile)."""
+        if self.state != "booting":
+            return False
+        await self.read_memory(state="ready")
+        if self.state != "booting":
+            return False
+        self.state = "ready"
+        return True
 
     def memory_now(self) -> int | None:
         """rss(), read now (in a thread: read_memory)."""
