@@ -56,11 +56,11 @@ class StandbyMemory:
         workers are its memory too)."""
         if not s.pid:
             return
-        if s.memory_stale():
-            await s.read_memory()
+        own = await s.read_memory() if s.memory_stale() else None
         if s.kind != "imports" or s.state != "booting" or s.paused:
             return
-        own = await asyncio.get_running_loop().run_in_executor(None, s.memory_now)
+        if own is None:  # (not read just now: read for this look alone)
+            own = await asyncio.get_running_loop().run_in_executor(None, s.memory_now)
         if own is None:
             return
         done = frozenset(s.imports) | frozenset(s.resolved)
