@@ -227,7 +227,11 @@ class SuspendManager:
         resumed = record is None or record.local_pid != local or await self._resumed_itself(kernel_id, kernel, record)
         if not resumed:  # a cell since may have resumed it: asked, not read from the watch's last round
             raise Refused(409, f"it is {record.text()}: it resumes on its next cell, or with POST …/resume")
-        if getattr(kernel, "execution_state", None) == "busy":
+        for _ in range(10):  # a cell that has just ended: its idle may still be on its way here
+            if getattr(kernel, "execution_state", None) != "busy":
+                break
+            await asyncio.sleep(0.1)
+        else:
             raise Refused(409, "it is running a cell: suspend it once it is idle")
         inv = await self.read_inventory()
         pids = attribution.kernel_pids(local, self._own_pid(kernel_id, local), attribution.child_table())
