@@ -97,9 +97,14 @@ def pytest_sessionfinish(session):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Browser tests skipped for want of a browser share one location, so `-ra` sums them up in
+    """A failed test with servers shows their logs (a CI failure is read from its output alone).
+    Browser tests skipped for want of a browser share one location, so `-ra` sums them up in
     one line (`SKIPPED [7] ...: no Chromium ...: make browser ...`), not one line per test."""
     report = yield
+    if report.failed and call.when == "call" and "server_factory" in item.fixturenames:
+        for n, srv in enumerate(item.funcargs["server_factory"].servers):  # what the pool and the server said
+            lines = [ln for ln in srv.log().splitlines() if "running over TCP without encryption" not in ln]
+            report.sections.append((f"server {n} log (last 60 lines)", "\n".join(lines[-60:])))
     if report.skipped and "browser" in item.fixturenames and isinstance(report.longrepr, tuple):
         from .harness.browser import missing_browser
 

@@ -176,7 +176,7 @@ def test_notebooks_that_must_not_start_cuda_get_a_fresh_kernel(pool_server, tmp_
     notebook(tmp_path / "plain.ipynb", "print('no GPU here')")
     notebook(tmp_path / "optout.ipynb", "import torch", metadata={"gpuctx": {"warm": False}})
     srv = pool_server()
-    standby = wait_for(lambda: kernel_pids(srv))
+    standby = ready_standby(srv)  # (ready: the one a launch would take first)
     for name in ("plain", "optout"):
         ks = srv.channels(srv.start_kernel(path=f"{name}.ipynb"))
         pid = int(ks.execute("import os; print(os.getpid())").stdout)
