@@ -33,7 +33,7 @@ def lab(lab_factory):
     lab = lab_factory({"train.ipynb": NOTEBOOK, "h200-trace.jsonl": TRACE.read_text()},
                       f"--GpuctxServer.replay_trace={TRACE}", "--GpuctxServer.pool_size=1",
                       "--GpuctxServer.warm_policy=always", name="replay-lab")
-    wait_for(lambda: "gpuctx pool: standby python3 kernel ready" in lab.log(), timeout=60)
+    wait_for(lambda: "gpuctx pool: standby python3 kernel ready" in lab.log(), timeout=240)  # (it imports torch)
     return lab
 
 

@@ -26,9 +26,10 @@ def pool_status(srv) -> dict:
 
 
 def ready_standby(srv) -> set[int]:
-    """The PIDs of the pool's standbys once one is ready (answers kernel_info)."""
+    """The PIDs of the pool's standbys once one is ready (answers kernel_info; a loaded machine may
+    take up to the pool's own READY_TIMEOUT_S and WARM_TIMEOUT_S)."""
     return wait_for(lambda: {s["pid"] for s in pool_status(srv)["standbys"]}
-                    if pool_status(srv)["kernelspecs"]["python3"]["ready"] else None)
+                    if pool_status(srv)["kernelspecs"]["python3"]["ready"] else None, timeout=240)
 
 
 def listed(srv) -> list[str]:
@@ -39,10 +40,10 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
     (tmp_path / "project").mkdir()
     notebook(tmp_path / "project" / "train.ipynb", "import torch")
     srv = pool_server()
-    standby = wait_for(lambda: kernel_pids(srv))
+    standby = ready_standby(srv)
     assert listed(srv) == []  # the standby is invisible
-    spec = wait_for(lambda: (lambda s: s if s["ready"] else None)(pool_status(srv)["kernelspecs"]["python3"]))
-    assert spec == {"ready": 1, "starting": 0, "failures": 0, "error": None, "reason": None}
+    spec = pool_status(srv)["kernelspecs"]["python3"]
+    assert (spec["ready"], spec["starting"], spec["error"], spec["reason"]) == (1, 0, None, None)
     kid = srv.start_kernel(path="project/train.ipynb")
     assert pool_status(srv)["kernelspecs"]["python3"]["reason"] in (  # why the reserve is empty now: refilling
         "a standby will start shortly", "a standby is starting", None)
@@ -60,13 +61,28 @@ def test_a_new_notebook_adopts_a_standby_in_its_own_directory(pool_server, tmp_p
 
 def test_standbys_are_exempt_from_the_culler_and_replaced_when_they_die(pool_server):
     srv = pool_server("--MappingKernelManager.cull_idle_timeout=1", "--MappingKernelManager.cull_interval=1")
-    first = wait_for(lambda: kernel_pids(srv))
+    first = ready_standby(srv)
     assert srv.api("POST", "/api/kernels", {"name": "python3"})[0] == 201  # this one the culler ends
     wait_for(lambda: "Culling kernel" in srv.log() and not listed(srv), timeout=60)  # the culler ran past 1 s
     assert first <= kernel_pids(srv) and listed(srv) == []
     os.kill(next(iter(first)), signal.SIGKILL)
     second = wait_for(lambda: kernel_pids(srv) - first)
     assert second and not (second & first)
+
+
+def test_a_standby_that_answers_slowly_every_time_still_becomes_ready(pool_server, tmp_path):
+    """A loaded machine: the kernel is up but takes 1.5 s to answer each kernel_info. The pool's
+    tries wait longer each time (a reply to a try that gave up is lost): the standby is ready."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "slow.py").write_text(
+        "import time\nkernel = get_ipython().kernel\nanswer = kernel.shell_handlers['kernel_info_request']\n"
+        "async def slow(*args):\n    time.sleep(1.5)\n    return await answer(*args)\n"
+        "kernel.shell_handlers['kernel_info_request'] = slow\n")
+    srv = pool_server(env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    spec = wait_for(lambda: (lambda s: s if s["ready"] or s["failures"] else None)(
+        pool_status(srv)["kernelspecs"]["python3"]), timeout=180)
+    assert (spec["ready"], spec["failures"], spec["error"]) == (1, 0, None), spec
 
 
 def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):

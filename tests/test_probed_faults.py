@@ -129,7 +129,7 @@ def test_messages_a_client_sends_on_the_stream_are_ignored_without_a_traceback(s
 def test_a_restart_queued_behind_a_shutdown_answers_404_not_500(server_factory, tmp_path):
     """Probe 5: a restart 20 ms after a DELETE waited for the shutdown, then ran against a kernel
     that no longer existed: 500 "Exception restarting kernel"."""
-    srv = server_factory()
+    srv = server_factory("--MappingKernelManager.shutdown_wait_time=10")  # (the shutdown outlasts the POST)
     for route in ("/api/kernels/{}/restart", "/gpuctx/api/kernels/{}/restart"):
         kid = srv.start_kernel()
         ks = srv.channels(kid)

@@ -444,7 +444,7 @@ async def test_gpus_hidden_by_cuda_visible_devices_are_listed_apart(jp_fetch, mo
 def test_a_kernel_behind_a_gateway_answers_through_it(server_factory, kernel_gateway):
     """The question travels over the gateway's websocket (which also carries status broadcasts,
     and routes by each message's channel), before and after gpuctx is loaded in the kernel."""
-    srv = server_factory("--GpuctxServer.warm_policy=never", "--GpuctxServer.kernel_query_timeout=5",
+    srv = server_factory("--GpuctxServer.warm_policy=never", "--GpuctxServer.kernel_query_timeout=10",
                          f"--GatewayClient.url={kernel_gateway}")  # each ask: a websocket, then a round trip
     kid = srv.start_kernel()
     assert srv.api("GET", f"/gpuctx/api/kernels/{kid}")[1]["status"] == "no-answer"

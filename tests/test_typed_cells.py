@@ -150,7 +150,7 @@ def test_cells_taken_while_a_suspend_asks_the_kernels_consent_are_warmed_all_the
 
         # (ipykernel answers a cell before its post-handler hook ends it: a consent then is refused)
         consent = wait_for(lambda: (c := on_control(ks, contract.SUSPEND_PREPARE_REQUEST, {"token": "t"}))
-                           ["status"] == "ok" and c, timeout=10)
+                           ["status"] == "ok" and c, timeout=60)
         assert consent["pid"], consent  # consented: the warm-up waiting for its turn was given up for it
         assert on_control(ks, contract.SUSPEND_DONE_REQUEST, {"token": "t", "ok": False})["state"] == "running"
         assert ks.execute("scheduler.HEAVY_IDLE_S = 0.0").reply["status"] == "ok"
@@ -313,7 +313,7 @@ def test_cells_typed_while_a_cell_runs_are_planned_once_it_has_finished(tmp_path
     km, kc = start(env={"JPY_SESSION_NAME": str(nb), "GPUCTX_WARM": "auto"}, extra_arguments=["--ext=gpuctx"],
                    cwd=str(tmp_path))
     try:
-        wait_for(lambda: warmup_now(kc)["state"] in ENDED)  # the empty notebook's own plan
+        wait_for(lambda: warmup_now(kc)["state"] in ENDED, timeout=240)  # the empty notebook's own plan
         cell = kc.execute(f"import os, time\nopen({str(started)!r}, 'w').close()\n"
                           f"while not os.path.exists({str(release)!r}):\n    time.sleep(0.02)")
         wait_for(started.exists)

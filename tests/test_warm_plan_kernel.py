@@ -244,7 +244,7 @@ def test_the_kernel_reads_its_notebook_only_once_it_has_answered(tmp_path, site,
             now = warmup_now(kc)
             return now if now["state"] != "running" else None
 
-        st = wait_for(ended, timeout=60)
+        st = wait_for(ended, timeout=240)
         first_read = min(float(t) for t in opens.read_text().split())
         assert st["started"] is not None and first_read >= st["started"], (first_read, st)
         if cells[0].startswith("print"):

@@ -50,6 +50,7 @@ READ_WHEN_CUDA_STARTS = (
 LOADED_BEFORE_ANY_CODE = frozenset({"__future__", "builtins", "os", "sys"})  # importing them again reads nothing
 READY_TIMEOUT_S = 60.0  # a standby that does not answer kernel_info by then is given up
 WARM_TIMEOUT_S = 180.0  # a standby still warming up by then counts as ready anyway
+ASK_MAX_S = 8.0  # the longest a try of a starting standby's kernel_info waits (until_ready)
 HAND_OVER_TIMEOUT_S = 10.0
 RSS_EVERY_S = 5.0  # a standby's memory is read at most this often (smaps_rollup: ms a process; off the loop)
 
@@ -252,7 +253,10 @@ def covered(s: Standby, wanted: set[str]) -> int:
 async def until_ready(s: Standby, closing) -> None:
     """Until a new standby answers kernel_info; StandbyFailed if its process exits first, it never
     answers, or the server shuts down meanwhile (`closing()`). Returns early once it is taken. Time
-    paused for a running cell does not count."""
+    paused for a running cell does not count. Each try waits longer for its answer (1 s, then up to
+    ASK_MAX_S): a reply is lost once its try gives up, and on a loaded machine a kernel that is up
+    may take more than a second to answer every time."""
+    wait = 1.0
     while not closing() and s.state == "booting":
         if not s.alive():
             raise StandbyFailed(f"the kernel exited during start-up ({exit_status(s.km)})")
@@ -261,11 +265,18 @@ async def until_ready(s: Standby, closing) -> None:
         if s.paused:
             await asyncio.sleep(0.2)
             continue
+        ask = asyncio.ensure_future(kernel_client.request(s.km, "shell", "kernel_info_request", {}, wait))
+        while not ask.done() and s.state == "booting" and not closing():  # (taken meanwhile: its refill waits not)
+            await asyncio.wait({ask}, timeout=0.2)
+        if not ask.done():
+            ask.cancel()
+            await asyncio.gather(ask, return_exceptions=True)
+            continue
         try:
-            await kernel_client.request(s.km, "shell", "kernel_info_request", {}, 1.0)
+            ask.result()
             return
         except kernel_client.NoReply:
-            continue
+            wait = min(ASK_MAX_S, wait * 2)
     if closing():
         raise StandbyFailed("the server is shutting down")
 

@@ -83,7 +83,7 @@ def start(env: dict | None = None, kernel_name: str = "python3", **kwargs):
     kc = km.client()
     kc.start_channels()
     try:
-        kc.wait_for_ready(timeout=60)
+        kc.wait_for_ready(timeout=120)
     except RuntimeError:
         stop(km, kc)
         raise

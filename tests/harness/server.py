@@ -40,7 +40,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 60) -> Server:
+    def start(self, timeout: float = 180) -> Server:
         """Start the server and wait until it answers. A port taken between `free_port()` and the
         server's bind (parallel test workers) is retried on a fresh port."""
         try:
@@ -157,7 +157,7 @@ class Server:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(20)
+                self.proc.wait(60)  # (its kernels' shutdowns, on a loaded machine: then SIGKILL)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         if getattr(self, "_log", None):
@@ -181,7 +181,7 @@ class KernelSocket:
         }))
         return msg_id
 
-    def wait_ready(self, timeout: float = 60) -> float:
+    def wait_ready(self, timeout: float = 120) -> float:
         """Seconds until the kernel answers kernel_info (what JupyterLab waits for)."""
         t0 = time.perf_counter()
         deadline = time.monotonic() + timeout

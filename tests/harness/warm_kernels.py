@@ -12,7 +12,7 @@ PLAN = ("import json; m = get_ipython()._gpuctx; m.warmer.wait({wait})\n"
         "else None, 'lines': m.warmer.plan_lines()}}))")
 
 
-def plan_of(kc, wait: float = 60) -> dict:
+def plan_of(kc, wait: float = 240) -> dict:  # (a warm-up importing torch on a loaded machine)
     r = run(kc, PLAN.format(wait=wait), timeout=wait + 30)
     assert r.reply["status"] == "ok", r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -22,7 +22,8 @@ def warmup_now(kc) -> dict:
     """The warm-up record, asked on the control channel: no cell runs, so the warm-up does not pause."""
     request = kc.session.msg("gpuctx_request", {})
     kc.control_channel.send(request)
-    return reply_to(kc, request["header"]["msg_id"], timeout=10, channel="control")["content"]["warmup"]
+    # (the control thread answers late while an import holds the GIL on a loaded machine)
+    return reply_to(kc, request["header"]["msg_id"], timeout=60, channel="control")["content"]["warmup"]
 
 
 def kernel(tmp_path, nb_path, site_path=None, policy="auto", config: str = "", **env):
