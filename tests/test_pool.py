@@ -70,19 +70,33 @@ def test_standbys_are_exempt_from_the_culler_and_replaced_when_they_die(pool_ser
     assert second and not (second & first)
 
 
+SLOW_ANSWERS = """\
+import pathlib, time
+kernel = get_ipython().kernel
+def slowed(answer, seconds):
+    def slow(*args):
+        time.sleep(seconds)  # its thread held, as by imports holding the GIL on a loaded machine
+        return answer(*args)
+    return slow
+kernel.shell_handlers['kernel_info_request'] = slowed(kernel.shell_handlers['kernel_info_request'], 1.5)
+kernel.control_handlers['gpuctx_request'] = slowed(kernel.control_handlers['gpuctx_request'], 2.5)
+pathlib.Path({marker!r}).touch()
+"""
+
+
 def test_a_standby_that_answers_slowly_every_time_still_becomes_ready(pool_server, tmp_path):
-    """A loaded machine: the kernel is up but takes 1.5 s to answer each kernel_info. The pool's
-    tries wait longer each time (a reply to a try that gave up is lost): the standby is ready."""
-    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    """A loaded machine: the standby is up but answers each kernel_info in 1.5 s, and each of the
+    pool's questions about its warm-up in 2.5 s. A reply to a try that gave up is lost, so the
+    pool's tries wait longer each time: the standby is ready, as soon as its warm-up has ended
+    (not after the pool's 180 s of waiting for a warm-up to end, nor given up at 60 s)."""
+    startup, marker = tmp_path / "ipython" / "profile_default" / "startup", tmp_path / "slowed"
     startup.mkdir(parents=True)
-    (startup / "slow.py").write_text(
-        "import time\nkernel = get_ipython().kernel\nanswer = kernel.shell_handlers['kernel_info_request']\n"
-        "async def slow(*args):\n    time.sleep(1.5)\n    return await answer(*args)\n"
-        "kernel.shell_handlers['kernel_info_request'] = slow\n")
+    (startup / "slow.py").write_text(SLOW_ANSWERS.format(marker=str(marker)))
     srv = pool_server(env={"IPYTHONDIR": str(tmp_path / "ipython")})
     spec = wait_for(lambda: (lambda s: s if s["ready"] or s["failures"] else None)(
-        pool_status(srv)["kernelspecs"]["python3"]), timeout=180)
+        pool_status(srv)["kernelspecs"]["python3"]), timeout=150)
     assert (spec["ready"], spec["failures"], spec["error"]) == (1, 0, None), spec
+    assert marker.exists()  # (both answers were slowed: gpuctx had registered its own before)
 
 
 def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):

@@ -265,37 +265,31 @@ async def until_ready(s: Standby, closing) -> None:
         if s.paused:
             await asyncio.sleep(0.2)
             continue
-        ask = asyncio.ensure_future(kernel_client.request(s.km, "shell", "kernel_info_request", {}, wait))
-        while not ask.done() and s.state == "booting" and not closing():  # (taken meanwhile: its refill waits not)
-            await asyncio.wait({ask}, timeout=0.2)
-        if not ask.done():
-            ask.cancel()
-            await asyncio.gather(ask, return_exceptions=True)
-            continue
-        try:
-            ask.result()
+        if await _ask(s, "shell", "kernel_info_request", wait, closing) is not None:
             return
-        except kernel_client.NoReply:
-            wait = min(ASK_MAX_S, wait * 2)
+        wait = min(ASK_MAX_S, wait * 2)
     if closing():
         raise StandbyFailed("the server is shutting down")
 
 
 async def until_warmed(s: Standby, closing) -> dict:
     """Until a standby's warm-up has ended (its last report); a request still takes one that is
-    warming: its first cell then waits only for what is left."""
+    warming: its first cell then waits only for what is left. Its tries wait longer after each
+    that got no answer (2 s up to ASK_MAX_S; as until_ready: its control thread answers late while
+    imports hold the GIL on a loaded machine)."""
     report: dict = {}
+    wait = 2.0
     while not closing() and s.state == "booting":
         if time.monotonic() - s.started - s.paused_s > WARM_TIMEOUT_S and not s.paused:
             break
         if s.paused:
             await asyncio.sleep(0.2)
             continue
-        try:
-            reply = await kernel_client.request(s.km, "control", REQUEST, {}, 2.0)
-        except kernel_client.NoReply:
+        reply = await _ask(s, "control", REQUEST, wait, closing)
+        if reply is None:
             if not s.alive():
-                raise StandbyFailed(f"the kernel exited while warming up ({exit_status(s.km)})") from None
+                raise StandbyFailed(f"the kernel exited while warming up ({exit_status(s.km)})")
+            wait = min(ASK_MAX_S, wait * 2)
             continue
         report = reply.get("content", {})
         learn_report(s, report)
@@ -305,6 +299,23 @@ async def until_warmed(s: Standby, closing) -> dict:
     if closing():
         raise StandbyFailed("the server is shutting down")
     return report
+
+
+async def _ask(s: Standby, channel: str, msg_type: str, wait: float, closing) -> dict | None:
+    """One try of a request to a starting standby: its reply, or None when none came within `wait`
+    s or the standby stopped starting meanwhile (taken: the try ends then, so that its refill,
+    counted as starting until this standby's start ends, is not held up by it)."""
+    ask = asyncio.ensure_future(kernel_client.request(s.km, channel, msg_type, {}, wait))
+    while not ask.done() and s.state == "booting" and not closing():
+        await asyncio.wait({ask}, timeout=0.2)
+    if not ask.done():
+        ask.cancel()
+        await asyncio.gather(ask, return_exceptions=True)
+        return None
+    try:
+        return ask.result()
+    except kernel_client.NoReply:
+        return None
 
 
 def learn_report(s: Standby, report: dict) -> None:
