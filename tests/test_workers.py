@@ -3,9 +3,11 @@ workers on gloo (no GPU here). The module's kernel keeps its workers from test t
 tests that end them come last and start new ones."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import signal
+import time
 
 import psutil
 import pytest
@@ -487,6 +489,47 @@ def test_workers_that_do_not_register_in_time_are_a_one_line_error_and_leave_not
         assert r.reply["status"] == "error" and r.reply["ename"] == "UsageError", r.text
         assert "\n" not in r.reply["evalue"], r.reply["evalue"]
         wait_for(lambda: {p.pid for p in tree(kernel_pid(kc))} <= before, timeout=60)
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_workers_whose_controller_answers_late_still_start(tmp_path):
+    """A loaded machine: the controller answers the workers' registration and the kernel's client
+    seconds late (here it stands stopped until both workers have asked, then 11 s more).
+    ipyparallel's own 5 s wait ended each worker ("Registration timed out", exit 255), and its
+    client's 10 s the start: they wait up to c.GpuWorkers.start_timeout."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        kpid = kernel_pid(kc)
+        msg_id = kc.execute(START)
+
+        def controller():  # (its output goes to its log in the workers' profile folder)
+            for p in tree(kpid):
+                if p.ppid() == kpid and "controller" in p.cmdline():
+                    logs = [f.path for f in p.open_files() if f.path.endswith(".log")]
+                    folder = os.path.dirname(os.path.dirname(logs[0])) if logs else ""
+                    if folder and glob.glob(os.path.join(folder, "security", "*engine.json")):
+                        return p, folder
+            return None
+
+        process, folder = wait_for(controller, timeout=120)
+        process.send_signal(signal.SIGSTOP)
+        try:
+            def asked(log):
+                with open(log) as fh:
+                    return "Registering with controller" in fh.read()
+
+            wait_for(lambda: (logs := glob.glob(os.path.join(folder, "log", "*engine*.log"))) and len(logs) == 2
+                     and all(asked(log) for log in logs), timeout=120)
+            time.sleep(11)  # the fault's length: past ipyparallel's own 5 s (workers) and 10 s (its client)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        reply = reply_to(kc, msg_id, timeout=300)["content"]
+        assert reply["status"] == "ok", reply
+        listed = run(kc, "%gpu workers").text
+        assert len(re.findall(r"^[01]\s+cpu\s+\d+\s+ready\b", listed, re.M)) == 2, listed
+        stop_two(kc)
     finally:
         kernels.stop(km, kc)
 

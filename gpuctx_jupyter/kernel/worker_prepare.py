@@ -133,7 +133,7 @@ class Preparing(Configurable):
 
             def launch():
                 forked = self._launch(ipp, placement.gpus, n, warm, prepared=True, zygote=self._forking(say=False))
-                return forked, self.cluster.connect_client_sync()
+                return forked, self._connect(time.monotonic() + self.start_timeout)
 
             forked, client = _as_in_a_cell(launch)
             on = ", ".join(f"cuda:{d.ordinal}" for d in placement.gpus) or "the CPU"

@@ -52,6 +52,7 @@ HEARTBEAT_ARGS = ("--HeartMonitor.period=500", "--HeartMonitor.max_heartmonitor_
 # ipyparallel's nanny (a process per engine, started before the engine registers) relays signals
 # from afar: the kernel signals its local workers by PID.
 LOCAL_ENGINE_ARGS = ("--IPEngine.enable_nanny=False",)
+CONNECT_TRY_S = 10.0  # one try of ipyparallel's client to reach the controller's hub (its default)
 INSTALL = "pip install ipyparallel (or pip install 'gpuctx-jupyter[workers]'), then restart the kernel"
 
 
@@ -260,7 +261,10 @@ class GpuWorkers(Preparing):
                                   "CUDA_VISIBLE_DEVICES": gpus[rank].record.uuid if gpus else ""})
             set_id = cluster.start_engines_sync(
                 1, engine_set_id=f"rank{rank}", environment=env, engine_cmd=[sys.executable, "-m", ENTRY, "engine"],
-                engine_args=[f"--IPEngine.wait_for_url_file={self.start_timeout:g}", *LOCAL_ENGINE_ARGS])
+                # (registration too: ipyparallel's own 5 s ended an engine whose controller, on a
+                # loaded machine, answered later, after the engine's imports were done ahead)
+                engine_args=[f"--IPEngine.wait_for_url_file={self.start_timeout:g}",
+                             f"--IPEngine.timeout={self.start_timeout:g}", *LOCAL_ENGINE_ARGS])
             for launcher in cluster.engines[set_id].launchers.values():
                 self._remember(launcher)
 
@@ -275,11 +279,24 @@ class GpuWorkers(Preparing):
             except psutil.Error:
                 pass
 
+    def _connect(self, deadline: float):
+        """ipyparallel's client to the workers' controller. Its hub may answer late on a loaded
+        machine (ipyparallel's client gives up after 10 s): asked again while the controller runs,
+        until `deadline`; a controller that ended is a one-line UsageError saying how."""
+        while True:
+            try:
+                return self.cluster.connect_client_sync(timeout=CONNECT_TRY_S)
+            except TimeoutError:
+                failed = self.ended(controller_only=True)
+                if failed or time.monotonic() + CONNECT_TRY_S > deadline:
+                    raise UsageError(one_line(failed or f"the workers' controller did not answer within "
+                                              f"{self.start_timeout:g} s (c.GpuWorkers.start_timeout)")) from None
+
     def _wait_registered(self, n: int, deadline: float) -> list[int]:
         """Connect a client and wait until `n` engines have registered; a worker that exits first,
         or the deadline, is a one-line UsageError with the last line the worker wrote."""
         if self.client is None:
-            self.client = self.cluster.connect_client_sync()
+            self.client = self._connect(deadline)
         waiting = self.client.wait_for_engines(n, block=False, timeout=max(1.0, deadline - time.monotonic()),
                                                interactive=False)
         while True:
