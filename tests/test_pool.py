@@ -88,15 +88,38 @@ def test_a_standby_that_answers_slowly_every_time_still_becomes_ready(pool_serve
     """A loaded machine: the standby is up but answers each kernel_info in 1.5 s, and each of the
     pool's questions about its warm-up in 2.5 s. A reply to a try that gave up is lost, so the
     pool's tries wait longer each time: the standby is ready, as soon as its warm-up has ended
-    (not after the pool's 180 s of waiting for a warm-up to end, nor given up at 60 s)."""
+    (not after the pool's 180 s of waiting for a warm-up to end, nor given up at 60 s), and a
+    restart it serves ends once the kernel answers (not after kernel_info_timeout's 60 s, with
+    Interrupt and Shutdown queued behind it)."""
     startup, marker = tmp_path / "ipython" / "profile_default" / "startup", tmp_path / "slowed"
     startup.mkdir(parents=True)
     (startup / "slow.py").write_text(SLOW_ANSWERS.format(marker=str(marker)))
-    srv = pool_server(env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    srv = pool_server("--GpuctxServer.warm_policy=always", env={"IPYTHONDIR": str(tmp_path / "ipython")})
     spec = wait_for(lambda: (lambda s: s if s["ready"] or s["failures"] else None)(
         pool_status(srv)["kernelspecs"]["python3"]), timeout=150)
     assert (spec["ready"], spec["failures"], spec["error"]) == (1, 0, None), spec
     assert marker.exists()  # (both answers were slowed: gpuctx had registered its own before)
+    kid = srv.start_kernel()
+    standby = ready_standby(srv)  # the refill, which serves the restart
+    assert srv.api("POST", f"/api/kernels/{kid}/restart", timeout=30)[0] == 200
+    ks = srv.channels(kid)
+    assert int(ks.execute("import os; print(os.getpid())").stdout) in standby
+    ks.close()
+
+
+def test_a_standby_taken_before_it_is_up_is_handed_over_once_it_is(pool_server, tmp_path):
+    """A notebook opened while the only standby is still starting (its start takes 14 s here, as
+    on a loaded machine) takes it: the hand-over waits for it to come up (what is left of its
+    start's 60 s), where it gave up after 10 s, stopped it and started a fresh kernel."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "slow.py").write_text("import time\ntime.sleep(14)\n")
+    srv = pool_server("--GpuctxServer.warm_policy=always", env={"IPYTHONDIR": str(tmp_path / "ipython")})
+    standby = wait_for(lambda: kernel_pids(srv))  # launched, not up yet
+    ks = srv.channels(srv.start_kernel())
+    assert int(ks.execute("import os; print(os.getpid())").stdout) in standby
+    ks.close()
+    assert "handing a standby to kernel" not in srv.log()
 
 
 def test_restart_is_served_from_the_pool_keeping_the_kernel_id_and_the_websocket(pool_server):

@@ -578,6 +578,26 @@ async def test_a_resume_of_a_kernel_that_cannot_answer_goes_to_the_helper_at_onc
     assert (await arun(kernel, "print('runs')")).stdout.endswith("runs\n")
 
 
+SLOW_CONSENT = ("import time\nfrom gpuctx_jupyter import contract\nk = get_ipython().kernel\n"
+                "consent = k.control_handlers[contract.SUSPEND_PREPARE_REQUEST]\n"
+                "def slow(*args):\n    time.sleep(6)\n    return consent(*args)\n"
+                "k.control_handlers[contract.SUSPEND_PREPARE_REQUEST] = slow")
+
+
+async def test_a_consent_that_takes_seconds_still_suspends(jp_fetch, jp_serverapp, fake, gpuctx):
+    """The kernel's consent may itself wait 3.5 s (a cell just ended, a warm-up step, a sampler
+    read), and a loaded machine adds to that: with kernel_query_timeout's default 2 s, the server
+    gave it 5 s in all and refused "the kernel did not answer (is gpuctx loaded in it?)"."""
+    kid, pid = await start(jp_fetch, jp_serverapp, fake, "slow.ipynb")
+    kernel = jp_serverapp.kernel_manager.get_kernel(kid)
+    assert (await arun(kernel, SLOW_CONSENT)).reply["status"] == "ok"
+    gpuctx.gpu.held[pid] = 4 * GIB
+    gpuctx.server.cfg.kernel_query_timeout = 2.0
+    code, answer = await post(jp_fetch, kid, "suspend")
+    assert code == 200 and fake.state(pid) == 2, answer
+    assert (await arun(kernel, "print('runs')")).stdout.endswith("runs\n") and fake.state(pid) == 0
+
+
 class Manager:
     """The kernel manager's methods the lifecycle wraps, recording how each kernel was stopped."""
 

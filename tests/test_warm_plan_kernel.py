@@ -2,8 +2,10 @@
 them: `--ext=gpuctx` and GPUCTX_* in the environment, JPY_SESSION_NAME naming the notebook."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
+import signal
 import threading
 import time
 
@@ -119,6 +121,31 @@ def test_failing_and_hanging_imports_are_recorded_and_the_kernel_works_on(tmp_pa
         assert any("failed" in line and "gpuctx_broken" in line for line in out["lines"])
         assert run(kc, "6 * 7").text == "42"
         assert run(kc, "import gpuctx_fine; print('ok')").stdout.strip() == "ok"
+    finally:
+        stop(km, kc)
+
+
+def test_time_the_kernel_stood_stopped_is_not_counted_against_the_import_budget(tmp_path, site):
+    """A server on a machine with few cores stops a starting standby (SIGSTOP) while another
+    notebook's cell runs: that time was counted against the import budget, and the import under way
+    failed "still importing after the import budget" though it had run 0.3 s of its 2."""
+    started = tmp_path / "started"
+    site("gpuctx_stopped_here", {"__init__.py": f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\n"
+                                                "for _ in range(40):\n    time.sleep(0.05)  # 2 s of running\n"})
+    (tmp_path / "work").mkdir()
+    nb = tmp_path / "work" / "nb.ipynb"
+    notebook(nb, "import gpuctx_stopped_here")
+    km, kc = kernel(tmp_path, nb, site.path, policy="always", config="c.GpuWarmup.import_budget = 3.0\n")
+    try:
+        wait_for(started.exists, timeout=120)
+        pid = km.provisioner.process.pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(6)  # the pause's length: twice the budget
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        state = {s["name"]: (s["state"], s["detail"]) for s in plan_of(kc)["plan"]["steps"]}
+        assert state["import gpuctx_stopped_here"][0] == "done", state
     finally:
         stop(km, kc)
 

@@ -493,6 +493,28 @@ def test_workers_that_do_not_register_in_time_are_a_one_line_error_and_leave_not
         kernels.stop(km, kc)
 
 
+def controller_of(kpid: int):
+    """The kernel's workers' controller and their profile folder, once the controller has written
+    the workers' connection file (its output goes to its log in that folder)."""
+    for p in tree(kpid):
+        if p.ppid() == kpid and "controller" in p.cmdline():
+            logs = [f.path for f in p.open_files() if f.path.endswith(".log")]
+            folder = os.path.dirname(os.path.dirname(logs[0])) if logs else ""
+            if folder and glob.glob(os.path.join(folder, "security", "*engine.json")):
+                return p, folder
+    return None
+
+
+def registering(folder: str, workers: int = 2) -> bool:
+    """Whether every worker has asked the controller to register it (its log says so)."""
+    logs = glob.glob(os.path.join(folder, "log", "*engine*.log"))
+
+    def asked(log):
+        with open(log) as fh:
+            return "Registering with controller" in fh.read()
+    return len(logs) == workers and all(asked(log) for log in logs)
+
+
 def test_workers_whose_controller_answers_late_still_start(tmp_path):
     """A loaded machine: the controller answers the workers' registration and the kernel's client
     seconds late (here it stands stopped until both workers have asked, then 11 s more).
@@ -503,26 +525,39 @@ def test_workers_whose_controller_answers_late_still_start(tmp_path):
         assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
         kpid = kernel_pid(kc)
         msg_id = kc.execute(START)
-
-        def controller():  # (its output goes to its log in the workers' profile folder)
-            for p in tree(kpid):
-                if p.ppid() == kpid and "controller" in p.cmdline():
-                    logs = [f.path for f in p.open_files() if f.path.endswith(".log")]
-                    folder = os.path.dirname(os.path.dirname(logs[0])) if logs else ""
-                    if folder and glob.glob(os.path.join(folder, "security", "*engine.json")):
-                        return p, folder
-            return None
-
-        process, folder = wait_for(controller, timeout=120)
+        process, folder = wait_for(lambda: controller_of(kpid), timeout=120)
         process.send_signal(signal.SIGSTOP)
         try:
-            def asked(log):
-                with open(log) as fh:
-                    return "Registering with controller" in fh.read()
-
-            wait_for(lambda: (logs := glob.glob(os.path.join(folder, "log", "*engine*.log"))) and len(logs) == 2
-                     and all(asked(log) for log in logs), timeout=120)
+            wait_for(lambda: registering(folder), timeout=120)
             time.sleep(11)  # the fault's length: past ipyparallel's own 5 s (workers) and 10 s (its client)
+        finally:
+            process.send_signal(signal.SIGCONT)
+        reply = reply_to(kc, msg_id, timeout=300)["content"]
+        assert reply["status"] == "ok", reply
+        listed = run(kc, "%gpu workers").text
+        assert len(re.findall(r"^[01]\s+cpu\s+\d+\s+ready\b", listed, re.M)) == 2, listed
+        stop_two(kc)
+    finally:
+        kernels.stop(km, kc)
+
+
+def test_workers_that_go_on_late_after_the_controller_answered_still_start(tmp_path):
+    """A loaded machine: the controller answered the workers' registration, and they took 35 s
+    to build their kernel before their heart began (here a start-up file of their profile sleeps:
+    on a loaded machine, their imports' thread holding the GIL). The controller's own 30 s dropped
+    them, and the start waited its whole start_timeout for workers it would never count: the
+    controller waits as long as the start."""
+    km, kc = kernels.start(cwd=str(tmp_path))
+    try:
+        assert run(kc, "%load_ext gpuctx\n%config GpuWorkers.start_timeout = 120").reply["status"] == "ok"
+        kpid = kernel_pid(kc)
+        msg_id = kc.execute(START)
+        process, folder = wait_for(lambda: controller_of(kpid), timeout=120)
+        process.send_signal(signal.SIGSTOP)  # no worker registers before the file is there
+        try:
+            os.makedirs(os.path.join(folder, "startup"), exist_ok=True)
+            with open(os.path.join(folder, "startup", "00-late.py"), "w") as fh:
+                fh.write("import time\ntime.sleep(35)\n")  # past ipyparallel's 30 s
         finally:
             process.send_signal(signal.SIGCONT)
         reply = reply_to(kc, msg_id, timeout=300)["content"]

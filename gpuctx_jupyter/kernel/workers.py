@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import logging
+import math
 import os
 import shutil
 import signal
@@ -249,7 +250,8 @@ class GpuWorkers(Preparing):
 
         cluster = self._new_cluster(ipp, profile_dir=self._private_profile, load_profile=False, cluster_file="",
                                     send_engines_connection_env=False,  # no cluster file: nothing to reconnect to
-                                    controller_args=list(HEARTBEAT_ARGS), **launchers(forked=zygote is not None))
+                                    controller_args=[*HEARTBEAT_ARGS, self._registration_arg()],
+                                    **launchers(forked=zygote is not None))
         own = dict(self._ours(), **{worker_side.ENV_FOLDER: self._private_profile})  # removed when the kernel is gone
         cluster.start_controller_sync(controller_cmd=[sys.executable, "-m", ENTRY, "controller"], environment=own)
         self._remember(cluster.controller)
@@ -267,6 +269,12 @@ class GpuWorkers(Preparing):
                              f"--IPEngine.timeout={self.start_timeout:g}", *LOCAL_ENGINE_ARGS])
             for launcher in cluster.engines[set_id].launchers.values():
                 self._remember(launcher)
+
+    def _registration_arg(self) -> str:
+        """The controller waits for a registered worker's heart as long as the start waits (its own
+        30 s dropped a worker that built its kernel slowly, its imports' thread holding the GIL on
+        a loaded machine: the start then waited its whole start_timeout for it)."""
+        return f"--IPController.registration_timeout={max(30, math.ceil(self.start_timeout))}"
 
     def _remember(self, launcher) -> None:
         """A local process ipyparallel started: ended at teardown even if ipyparallel cannot."""

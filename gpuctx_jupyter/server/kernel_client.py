@@ -45,6 +45,22 @@ async def request(kernel, channel: str, msg_type: str, content: dict, timeout: f
         client.stop_channels()
 
 
+async def answered(kernel, channel: str, msg_type: str, content: dict, timeout: float,
+                   first: float = 1.0, most: float = 8.0) -> dict:
+    """`request`, tried again until the kernel answers or `timeout` s pass (NoReply), each try
+    waiting twice as long as the one before (`first` up to `most` s): a reply that comes after its
+    try gave up is lost with the try's client, and a kernel on a loaded machine may take over a
+    second to answer every time."""
+    loop = asyncio.get_running_loop()
+    deadline, wait = loop.time() + timeout, first
+    while (left := deadline - loop.time()) > 0:
+        try:
+            return await request(kernel, channel, msg_type, content, min(wait, left))
+        except NoReply:
+            wait = min(most, wait * 2)
+    raise NoReply(f"no reply within {timeout:g} s")
+
+
 async def execute(kernel, code: str, timeout: float) -> dict:
     """Run `code` silently on the kernel's shell channel; the execute_reply's content."""
     reply = await request(kernel, "shell", "execute_request",

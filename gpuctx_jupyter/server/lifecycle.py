@@ -204,23 +204,15 @@ class Actions:
         """A restart is in flight until the new kernel answers kernel_info. jupyter_server's restart
         returns a future for that, which a restart onto new ports (a standby's, or the restarter's
         newports) never resolves: jupyter_server's stop_watching_activity cleans its wait up. So
-        the kernel is asked here too, on a client of our own; whichever answers first."""
+        the kernel is asked here too, on a client of our own (tries that wait longer each time: a
+        loaded kernel may answer each in over a second); whichever answers first."""
         timeout = float(getattr(self.mkm, "kernel_info_timeout", 60.0))
         kernel = kernel_client.find(self.mkm, kernel_id)
         if kernel is None:
             return
 
-        async def answers() -> None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            while (left := deadline - loop.time()) > 0:
-                try:
-                    await kernel_client.request(kernel, "shell", "kernel_info_request", {}, min(1.0, left))
-                    return
-                except kernel_client.NoReply:
-                    continue
-
-        asked = asyncio.ensure_future(answers())
+        asked = asyncio.ensure_future(kernel_client.answered(kernel, "shell", "kernel_info_request", {}, timeout))
+        asked.add_done_callback(lambda t: t.cancelled() or t.exception())  # (no answer: the wait's timeout says it)
         try:
             await asyncio.wait([restarted, asked], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -72,6 +72,7 @@ class Standby:
     imports: list[str] = field(default_factory=list)  # what it has imported, as it reports
     resolved: list[str] = field(default_factory=list)  # the names it has resolved, as "module:name"
     driver: bool = False  # it has started the CUDA driver
+    answered: bool = False  # it has answered kernel_info (until_ready): its process is up
     paused: bool = False  # stopped (SIGSTOP) while a cell runs elsewhere
     _paused_at: float = 0.0
     pauses: list[tuple[float, float]] = field(default_factory=list)  # (from, to), time.monotonic(): ended ones
@@ -266,6 +267,7 @@ async def until_ready(s: Standby, closing) -> None:
             await asyncio.sleep(0.2)
             continue
         if await _ask(s, "shell", "kernel_info_request", wait, closing) is not None:
+            s.answered = True
             return
         wait = min(ASK_MAX_S, wait * 2)
     if closing():
@@ -362,7 +364,9 @@ async def hand_over(s: Standby, cwd: str, env: dict, connection_file: str) -> No
     content = {"cwd": cwd, "env": delta, "pooled": str(round(time.monotonic() - s.started, 1)),
                "connection_file": connection_file}
     s.resume()
-    reply = await _request_while_alive(s, ADOPT_REQUEST, content, HAND_OVER_TIMEOUT_S)
+    # one taken before it was up answers once it is: it has what is left of its start's time too
+    starting = 0.0 if s.answered else max(0.0, READY_TIMEOUT_S - (time.monotonic() - s.started - s.paused_s))
+    reply = await _request_while_alive(s, ADOPT_REQUEST, content, HAND_OVER_TIMEOUT_S + starting)
     answer = reply.get("content", {})
     if reply.get("msg_type") != ADOPT_REPLY or answer.get("status") != "ok":
         raise RuntimeError(f"the standby did not take the notebook: {answer.get('message') or reply.get('msg_type')}")

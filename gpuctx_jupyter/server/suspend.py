@@ -60,9 +60,10 @@ from .snapshot import session_paths
 GIB = 2**30
 ACTIONS = {"suspend": "suspend_kernel", "resume": "resume_kernel"}  # route -> the lifecycle's action
 WARMUP_WAIT_S = 30.0  # a kernel whose warm-up is mid-step (it says `retry`) is asked again for this long
-# What a consent may take beyond an ordinary question: the kernel waits up to 1 s for a warm-up
-# step under way and up to 2 s for a sampler read (kernel/suspend.py)
-CONSENT_SLACK_S = 3.0
+# What a consent may take beyond an ordinary question: the kernel waits up to 0.5 s for a cell
+# that has just ended, 1 s for a warm-up step under way and 2 s for a sampler read
+# (kernel/suspend.py), then gives its cache back; a loaded machine's scheduling on top
+CONSENT_SLACK_S = 8.0
 SETTLE_S = 1.0  # NVML may list a suspended process's memory for a moment: read again this long
 WATCH_INTERVAL_S = 2.0  # how often suspended kernels are checked for having resumed themselves
 
@@ -316,7 +317,7 @@ class SuspendManager:
                     break
                 await asyncio.sleep(0.5)
         except kernel_client.NoReply:  # a late consent must not leave it suspending (sent, not waited for)
-            await self._tell(kernel, {"token": token, "ok": False}, timeout=0.2, quiet=True)
+            await self._tell(kernel, {"token": token, "ok": False}, timeout=2.0, quiet=True)
             raise Refused(409, f"the kernel did not answer within {timeout:g} s (is gpuctx loaded in it? "
                                "%load_ext gpuctx): without gpuctx it could not resume itself before its next "
                                "cell") from None

@@ -34,10 +34,10 @@ from .devices import cpu_batch, devices_of, gpu_batch, why_no_gpu_work, without_
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
 from .status import WarmState
+from .stood_still import STOOD
 
 log = logging.getLogger("gpuctx")
-# A cell that names one of these does its own first GPU work: the warm-up then does no more GPU
-# work of its own (two threads would each keep a set of cuBLAS/cuDNN handles).
+# A cell naming one of these does its own first GPU work: the warm-up does no more (two threads would each keep handles)
 _GPU_CELL = re.compile(r"\b(?:cuda|cupy|jax|jnp|numba|on_gpu)\b|\.to\(\s*device\b|\bdevice\s*=")
 # After a kernel_info reply, the warm-up starts once the kernel has had this long without another:
 # a frontend connecting sends several (the server's nudge on shell and control, the frontend's own),
@@ -77,7 +77,7 @@ class Warmer:
         self._user_gpu = False  # a cell of the user's does GPU work: no more GPU work of ours
         self._holds_handles = False  # this thread holds library handles: it steps aside for a GPU cell
         self._importing: threading.Event | None = None  # set when the import in flight ends
-        self._import_deadline = self._gate_base = 0.0  # (and the imports' held time then: _deadline)
+        self._import_deadline = self._gate_base = 0.0  # (and the time held or stood still then: _deadline)
         self._cell_started: float | None = None
         self._background: list[threading.Event] = []  # imports running in the background
         self._flights: dict[threading.Event, float] = {}  # every import thread still running: when it began
@@ -283,8 +283,8 @@ class Warmer:
 
     @property
     def _deadline(self) -> float:
-        """When the import budget is spent: the time imports stood held for cells is not counted."""
-        return self._import_deadline + GATE.held() - self._gate_base
+        """When the import budget is spent: time held for cells or stood still (stood_still.py) not counted."""
+        return self._import_deadline + GATE.held() + STOOD.seconds - self._gate_base
 
     @property
     def _stepping_aside(self) -> bool:
@@ -375,7 +375,7 @@ class Warmer:
             for s in plan.steps:
                 if s.framework and s.state == "planned":
                     s.state, s.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
-        self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.held()
+        self._import_deadline, self._gate_base = time.monotonic() + self.import_budget, GATE.held() + STOOD.seconds
         reason, decided, waits = None, False, False
         for kind, batch in plans.batches(plan.steps):  # in the plan's order: the order the notebook needs them
             if self._next is not None:
@@ -557,7 +557,7 @@ class Warmer:
             with self._cond:
                 self._importing, self._flights[done] = done, time.monotonic()
             threading.Thread(target=work, name="gpuctx-warmup-import", daemon=True).start()
-            while not done.wait(0.1):
+            while not STOOD.wait(done, 0.1):
                 if self._for_good:  # (a suspend waits for the import: stop())
                     raise _Unloaded
                 if self._stepping_aside:  # the import goes on in its own thread, which holds no handles

@@ -1,0 +1,35 @@
+"""Time this process stood still, which a budget of seconds (the warm-up's imports') does not count.
+
+A server on a machine with few cores stops a starting standby (SIGSTOP) for as long as another
+notebook's cell runs, minutes maybe (server/giving_way.py); a loaded machine may starve it of the
+CPU for seconds. Its imports did not run meanwhile, so that time is not theirs: counted against
+their budget, it left the standby half-imported ("still importing after the import budget").
+Seen as a wait that returns far later than it asked to.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+GAP_S = 1.0  # a wait this much later than asked: the process stood still (the scheduler's own jitter is ms)
+
+
+class StoodStill:
+    """Seconds the process stood still, as the waits through `wait` saw them (one per process)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """`event.wait(timeout)`; a return more than GAP_S late counts as time stood still."""
+        start = time.monotonic()
+        done = event.wait(timeout)
+        late = time.monotonic() - start - timeout
+        if not done and late > GAP_S:
+            with self._lock:
+                self.seconds += late
+        return done
+
+
+STOOD = StoodStill()
