@@ -9,6 +9,9 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
@@ -246,3 +249,35 @@ def test_the_pool_keeps_the_imports_for_a_notebook_that_starts_workers_and_ends_
     finally:
         ks.close()
     wait_for(lambda: not zygotes_below(other["pid"]), timeout=60)  # no workers there: the memory goes back
+
+
+STAGE = """
+import threading, time
+from gpuctx_jupyter.kernel import worker_zygote
+end = threading.Event()
+def imports():  # 1 s of running, in steps: a stop holds it where it is
+    for _ in range(20):
+        time.sleep(0.05)
+    end.set()
+threading.Thread(target=imports, daemon=True).start()
+print("started", flush=True)
+print(worker_zygote._within(end, 2.0), flush=True)
+"""
+
+
+def test_the_workers_imports_stage_leaves_out_time_its_process_stood_stopped():
+    """The workers' imports done ahead run in the standby's own process, which the server stops
+    (SIGSTOP) while another notebook's cell runs on a machine with few cores: a stage of 1 s, stopped
+    3 s into its 2 s, was given up ("still importing torch after 60 s" on a real one)."""
+    proc = subprocess.Popen([sys.executable, "-c", STAGE], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(3)  # the pause's length: past the stage's seconds
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        assert proc.stdout.readline().strip() == "True"
+    finally:
+        proc.kill()
+        proc.wait(10)

@@ -30,6 +30,7 @@ import threading
 import time
 
 from ..contract import WARM_IMPORT_BUDGET, WORKER_IMPORTS
+from .warm.stood_still import STOOD
 
 ENV_WANTED = WORKER_IMPORTS  # "1" in an imports standby: start the workers' imports too
 ENV_SECONDS = "GPUCTX_WORKER_IMPORT_SECONDS"  # how long the profile's imports may take (after BASE) before it gives up
@@ -148,10 +149,20 @@ def _import_all(stages: list[tuple[list[str], float]]) -> tuple[list[str] | None
     importing = threading.Thread(target=run, name="gpuctx-worker-imports", daemon=True)
     importing.start()
     for (_, seconds), end in zip(stages, ended):
-        if not end.wait(seconds):
+        if not _within(end, seconds):
             return None, [now[0], f"{seconds:.0f} s"]
     importing.join(5.0)  # ended: a fork copies no thread of ours in the middle of anything
     return done, failed
+
+
+def _within(end: threading.Event, seconds: float) -> bool:
+    """`end.wait(seconds)`, leaving out time the process stood still: paused with its standby for
+    another notebook's cell (server/giving_way.py), its imports did not run (warm/stood_still.py)."""
+    base, deadline = STOOD.seconds, time.monotonic() + seconds
+    while not STOOD.wait(end, 0.1):
+        if time.monotonic() >= deadline + STOOD.seconds - base:
+            return False
+    return True
 
 
 def _parent(token: str) -> tuple[int, float] | None:
