@@ -515,21 +515,19 @@ def registering(folder: str, workers: int = 2) -> bool:
     return len(logs) == workers and all(asked(log) for log in logs)
 
 
-def test_workers_whose_controller_answers_late_still_start(tmp_path):
-    """A loaded machine: the controller answers the workers' registration and the kernel's client
-    seconds late (here it stands stopped until both workers have asked, then 11 s more).
-    ipyparallel's own 5 s wait ended each worker ("Registration timed out", exit 255), and its
-    client's 10 s the start: they wait up to c.GpuWorkers.start_timeout."""
+def start_with_the_controller_stopped(tmp_path, config: str, while_stopped) -> None:
+    """`START` in a fresh kernel (gpuctx loaded, then `config`), its workers' controller stopped
+    (SIGSTOP) once it has written their connection file, for as long as `while_stopped(folder)`
+    takes; the start then ends with two workers ready (stopped again afterwards)."""
     km, kc = kernels.start(cwd=str(tmp_path))
     try:
-        assert run(kc, "%load_ext gpuctx").reply["status"] == "ok"
+        assert run(kc, f"%load_ext gpuctx\n{config}").reply["status"] == "ok"
         kpid = kernel_pid(kc)
         msg_id = kc.execute(START)
         process, folder = wait_for(lambda: controller_of(kpid), timeout=120)
         process.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: registering(folder), timeout=120)
-            time.sleep(11)  # the fault's length: past ipyparallel's own 5 s (workers) and 10 s (its client)
+            while_stopped(folder)
         finally:
             process.send_signal(signal.SIGCONT)
         reply = reply_to(kc, msg_id, timeout=300)["content"]
@@ -539,6 +537,18 @@ def test_workers_whose_controller_answers_late_still_start(tmp_path):
         stop_two(kc)
     finally:
         kernels.stop(km, kc)
+
+
+def test_workers_whose_controller_answers_late_still_start(tmp_path):
+    """A loaded machine: the controller answers the workers' registration and the kernel's client
+    seconds late (here it stands stopped until both workers have asked, then 11 s more).
+    ipyparallel's own 5 s wait ended each worker ("Registration timed out", exit 255), and its
+    client's 10 s the start: they wait up to c.GpuWorkers.start_timeout."""
+    def late(folder):
+        wait_for(lambda: registering(folder), timeout=120)
+        time.sleep(11)  # the fault's length: past ipyparallel's own 5 s (workers) and 10 s (its client)
+
+    start_with_the_controller_stopped(tmp_path, "", late)
 
 
 def test_workers_that_go_on_late_after_the_controller_answered_still_start(tmp_path):
@@ -547,26 +557,12 @@ def test_workers_that_go_on_late_after_the_controller_answered_still_start(tmp_p
     on a loaded machine, their imports' thread holding the GIL). The controller's own 30 s dropped
     them, and the start waited its whole start_timeout for workers it would never count: the
     controller waits as long as the start."""
-    km, kc = kernels.start(cwd=str(tmp_path))
-    try:
-        assert run(kc, "%load_ext gpuctx\n%config GpuWorkers.start_timeout = 120").reply["status"] == "ok"
-        kpid = kernel_pid(kc)
-        msg_id = kc.execute(START)
-        process, folder = wait_for(lambda: controller_of(kpid), timeout=120)
-        process.send_signal(signal.SIGSTOP)  # no worker registers before the file is there
-        try:
-            os.makedirs(os.path.join(folder, "startup"), exist_ok=True)
-            with open(os.path.join(folder, "startup", "00-late.py"), "w") as fh:
-                fh.write("import time\ntime.sleep(35)\n")  # past ipyparallel's 30 s
-        finally:
-            process.send_signal(signal.SIGCONT)
-        reply = reply_to(kc, msg_id, timeout=300)["content"]
-        assert reply["status"] == "ok", reply
-        listed = run(kc, "%gpu workers").text
-        assert len(re.findall(r"^[01]\s+cpu\s+\d+\s+ready\b", listed, re.M)) == 2, listed
-        stop_two(kc)
-    finally:
-        kernels.stop(km, kc)
+    def slow_workers(folder):  # (written while no worker can register yet)
+        os.makedirs(os.path.join(folder, "startup"), exist_ok=True)
+        with open(os.path.join(folder, "startup", "00-late.py"), "w") as fh:
+            fh.write("import time\ntime.sleep(35)\n")  # past ipyparallel's 30 s
+
+    start_with_the_controller_stopped(tmp_path, "%config GpuWorkers.start_timeout = 120", slow_workers)
 
 
 def test_the_ddp_example_trains_on_two_gloo_workers_and_their_weights_agree(tmp_path):

@@ -293,10 +293,11 @@ class GpuWorkers(Preparing):
         until `deadline`; a controller that ended is a one-line UsageError saying how."""
         while True:
             try:
-                return self.cluster.connect_client_sync(timeout=CONNECT_TRY_S)
+                try_s = max(1.0, min(CONNECT_TRY_S, deadline - time.monotonic()))
+                return self.cluster.connect_client_sync(timeout=try_s)
             except TimeoutError:
                 failed = self.ended(controller_only=True)
-                if failed or time.monotonic() + CONNECT_TRY_S > deadline:
+                if failed or time.monotonic() >= deadline:
                     raise UsageError(one_line(failed or f"the workers' controller did not answer within "
                                               f"{self.start_timeout:g} s (c.GpuWorkers.start_timeout)")) from None
 

@@ -305,19 +305,20 @@ async def until_warmed(s: Standby, closing) -> dict:
 
 async def _ask(s: Standby, channel: str, msg_type: str, wait: float, closing) -> dict | None:
     """One try of a request to a starting standby: its reply, or None when none came within `wait`
-    s or the standby stopped starting meanwhile (taken: the try ends then, so that its refill,
-    counted as starting until this standby's start ends, is not held up by it)."""
+    s, or the standby stopped starting (taken: the try ends then, so that its refill, counted as
+    starting until this standby's start ends, is not held up by it) or its process exited meanwhile."""
     ask = asyncio.ensure_future(kernel_client.request(s.km, channel, msg_type, {}, wait))
-    while not ask.done() and s.state == "booting" and not closing():
-        await asyncio.wait({ask}, timeout=0.2)
-    if not ask.done():
-        ask.cancel()
-        await asyncio.gather(ask, return_exceptions=True)
-        return None
     try:
-        return ask.result()
-    except kernel_client.NoReply:
-        return None
+        while not ask.done() and s.state == "booting" and not closing() and s.alive():
+            await asyncio.wait({ask}, timeout=0.2)
+        if not ask.done():
+            return None
+        try:
+            return ask.result()
+        except kernel_client.NoReply:
+            return None
+    finally:
+        ask.cancel()  # (a try given up, or the pool closing: its client's channels stop with it)
 
 
 def learn_report(s: Standby, report: dict) -> None:
