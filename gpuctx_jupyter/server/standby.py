@@ -307,18 +307,11 @@ async def _ask(s: Standby, channel: str, msg_type: str, wait: float, closing) ->
     """One try of a request to a starting standby: its reply, or None when none came within `wait`
     s, or the standby stopped starting (taken: the try ends then, so that its refill, counted as
     starting until this standby's start ends, is not held up by it) or its process exited meanwhile."""
-    ask = asyncio.ensure_future(kernel_client.request(s.km, channel, msg_type, {}, wait))
     try:
-        while not ask.done() and s.state == "booting" and not closing() and s.alive():
-            await asyncio.wait({ask}, timeout=0.2)
-        if not ask.done():
-            return None
-        try:
-            return ask.result()
-        except kernel_client.NoReply:
-            return None
-    finally:
-        ask.cancel()  # (a try given up, or the pool closing: its client's channels stop with it)
+        return await _request_while_alive(s, msg_type, {}, wait, channel,
+                                          going=lambda: s.state == "booting" and not closing())
+    except (kernel_client.NoReply, StandbyFailed):
+        return None
 
 
 def learn_report(s: Standby, report: dict) -> None:
@@ -375,18 +368,21 @@ async def hand_over(s: Standby, cwd: str, env: dict, connection_file: str) -> No
     s.km.cleanup_connection_file()  # the server's kernel manager writes the kernel's own
 
 
-async def _request_while_alive(s: Standby, msg_type: str, content: dict, timeout: float) -> dict:
-    """A control request to a standby that fails at once when its process exits meanwhile."""
-    request = asyncio.ensure_future(kernel_client.request(s.km, "control", msg_type, content, timeout))
+async def _request_while_alive(s: Standby, msg_type: str, content: dict, timeout: float, channel: str = "control",
+                               going=lambda: True) -> dict | None:
+    """A request to a standby that fails at once when its process exits meanwhile (StandbyFailed),
+    and is given up (None) once `going()` is false; NoReply after `timeout`."""
+    request = asyncio.ensure_future(kernel_client.request(s.km, channel, msg_type, content, timeout))
     try:
         while not request.done():
             await asyncio.wait([request], timeout=0.1)
             if not request.done() and not s.alive():
                 raise StandbyFailed(f"the standby's process exited ({exit_status(s.km)})")
+            if not request.done() and not going():
+                return None
         return request.result()
     finally:
-        if not request.done():
-            request.cancel()
+        request.cancel()  # (given up, or the pool closing: its client's channels stop with it)
 
 
 async def stop(s: Standby, log) -> None:
