@@ -48,9 +48,11 @@ neither side of a pair (cold against ours) always plays first.
 Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
 from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
 in the same kernel), and the GPU memory the kernel holds at the end (NVML, through
-gpuctx_jupyter.core.inventory inside the kernel; in the JSON also what torch's caching allocator
-reserves of it, dynamo's compile time per phase, and the server's standbys as the cells start and
-end; torch's allocator's largest segments, and with --memory-history the code that made each).
+gpuctx_jupyter.core.inventory inside the kernel; in the JSON also each cell's time inside the
+kernel (ipykernel's `started` to its reply: the rest is the trip through the server and the
+kernel's queue), what torch's caching allocator reserves of it, dynamo's compile time per phase,
+and the server's standbys as the cells start and end; torch's allocator's largest segments, and
+with --memory-history the code that made each).
 Before the first play and after the last, what the defaults' standbys hold (host memory
 against their budget, GPU memory, CPU). A notebook that needs what this machine lacks
 (two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
@@ -210,7 +212,7 @@ class Session:
 
     def run(self, code: str) -> dict:
         r = self.ks.execute(code, timeout=600)
-        return {"seconds": r.seconds, "ok": r.reply.get("status") == "ok",
+        return {"seconds": r.seconds, "in_kernel": r.in_kernel, "ok": r.reply.get("status") == "ok",
                 "error": None if r.reply.get("status") == "ok" else f"{r.reply.get('ename')}: {r.reply.get('evalue')}",
                 "stdout": r.stdout}
 
@@ -435,7 +437,8 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
             out["restart_to_gpu_cell"] = out["restart"] + sum(r["seconds"] for r in first[:first_gpu_cell(cells) + 1])
         steady = [s.run(c) for c in cells]
         out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
-                   errors=[r["error"] for r in first + steady if r["error"]])
+                   errors=[r["error"] for r in first + steady if r["error"]],
+                   first_in_kernel=[r.get("in_kernel") for r in first], steady_in_kernel=[r.get("in_kernel") for r in steady])
         out.update(s.report())
         return out
     finally:

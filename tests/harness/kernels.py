@@ -22,6 +22,7 @@ class Run:
     error: dict | None = None
     messages: list[dict] = field(default_factory=list)
     seconds: float = 0.0  # request sent -> reply and idle received (when measured)
+    in_kernel: float | None = None  # the kernel's own clock: execution started -> reply sent (when measured)
     displays: dict[str, int] = field(default_factory=dict)  # display_id -> its index in `data`
 
     def absorb(self, msg: dict) -> None:

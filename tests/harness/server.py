@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from datetime import datetime
 
 import websocket  # websocket-client, a jupyter_server dependency
 
@@ -224,6 +225,7 @@ class KernelSocket:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "execute_reply":
                 run = content
+                out.in_kernel = in_kernel(msg)
             elif kind == "status" and content.get("execution_state") == "idle":
                 idle = True
             else:
@@ -233,6 +235,17 @@ class KernelSocket:
 
     def close(self) -> None:
         self.ws.close()
+
+
+def in_kernel(reply: dict) -> float | None:
+    """An execute_reply's time inside the kernel: from ipykernel's `started` (its metadata) to the
+    reply's own date, both on the kernel's clock; what the client measures beyond it is the trip
+    through the server and the wait in the kernel's queue."""
+    try:
+        started = datetime.fromisoformat(reply["metadata"]["started"])
+        return (datetime.fromisoformat(reply["header"]["date"]) - started).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def as_installed() -> dict:
