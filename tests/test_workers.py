@@ -16,6 +16,7 @@ from .harness import kernels
 from .harness.gpus import NO_GPU
 from .harness.kernels import reply_to, run, wait_idle
 from .harness.notebooks import notebook
+from .harness.server import free_port
 from .harness.waiting import wait_for
 from .harness.workers import WHO, gone, kernel_pid, private_folder, stop_two, tree, whos
 
@@ -108,6 +109,30 @@ def test_a_long_log_is_shown_by_its_last_lines_while_the_cell_runs_and_whole_at_
     assert len(live) < len(log)  # all eight ranks together, less than one rank's whole log
     whole, _ = groups._render(streams, final=True)
     assert whole.count("step 0\n") == 8
+
+
+def test_a_worker_that_cannot_register_is_reported_by_what_happened_not_by_ipyparallels_advice(tmp_path):
+    """A real ipyparallel engine that finds no controller: its output ends in an indented block
+    of advice ("... or tunnel connections via ssh."); the line a failed start shows is the record
+    that says what happened."""
+    import json
+    import subprocess
+    import sys
+
+    from gpuctx_jupyter.kernel.worker_processes import last_line
+
+    (tmp_path / "profile").mkdir()
+    port = free_port()  # nothing listens there
+    (tmp_path / "engine.json").write_text(json.dumps({
+        "key": "0123456789abcdef", "signature_scheme": "hmac-sha256", "location": "127.0.0.1", "ssh": "",
+        "interface": "tcp://127.0.0.1", "registration": port, "pack": "json", "unpack": "json",
+        "url": f"tcp://127.0.0.1:{port}"}))
+    engine = subprocess.run([sys.executable, "-m", "ipyparallel.engine", f"--file={tmp_path / 'engine.json'}",
+                             "--IPEngine.timeout=1", f"--profile-dir={tmp_path / 'profile'}"],
+                            capture_output=True, text=True, timeout=120)
+    out = engine.stdout + engine.stderr
+    assert engine.returncode == 255 and out.rstrip().endswith("or tunnel connections via ssh."), out
+    assert last_line(out) == "Registration timed out after 1.0 seconds", out
 
 
 def test_in_a_terminal_a_last_line_without_its_newline_is_printed_once_the_cell_ends(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -20,6 +21,8 @@ from .worker_placement import COUNT, check_count
 ENTRY = "gpuctx_jupyter.kernel.worker_entry"
 STARTS_WAIT_S = 5.0  # a launcher's start (spawning a process, submitting a job) returns within it
 NOTICE_S = 1.0  # ipyparallel notices a process's end on its event loop: at once, or nearly
+# one of ipyparallel's log records: "2026-12-05 18:45:32.123 [IPEngine] CRITICAL | <its message>"
+RECORD = re.compile(r"\d{4}-\d\d-\d\d[ T][\d:.,]+ \[[^\]]*\](?:\s*[A-Z]+ \|)?\s*(?P<message>.*)")
 
 
 def profile_count(which, cluster, probe, profile: str, cpu: bool) -> int:
@@ -245,8 +248,19 @@ def _starts_returned(cluster, wait: float = STARTS_WAIT_S) -> None:
 
 
 def last_line(text: str) -> str:
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    return lines[-1][-300:] if lines else ""
+    """What a process said last: its last line, or, where that is a log record, the record's
+    message. An indented last line continues a record's block of advice (ipyparallel's after
+    "Registration timed out": "... or tunnel connections via ssh."): then the last record whose
+    message is on its own line says what happened."""
+    lines = [line.rstrip() for line in (text or "").splitlines() if line.strip()]
+    if not lines:
+        return ""
+    chosen = lines[-1]
+    if chosen[:1].isspace():
+        said = [line for line in lines if (m := RECORD.fullmatch(line)) and m["message"].strip()]
+        chosen = said[-1] if said else chosen
+    record = RECORD.fullmatch(chosen)
+    return (record["message"] if record else chosen).strip()[-300:]
 
 
 def pid_runs(pid: int) -> bool:
