@@ -48,11 +48,13 @@ neither side of a pair (cold against ours) always plays first.
 Per case: ready (POST /api/sessions -> kernel_info_reply), each cell's first time (in Run All:
 from the previous cell's reply, or the send, to its own) and steady time (the same cell run again
 in the same kernel), and the GPU memory the kernel holds at the end (NVML, through
-gpuctx_jupyter.core.inventory inside the kernel; in the JSON also each cell's time inside the
-kernel (ipykernel's `started` to its reply: the rest is the trip through the server and the
-kernel's queue), what torch's caching allocator reserves of it, dynamo's compile time per phase,
-and the server's standbys as the cells start and end; torch's allocator's largest segments, and
-with --memory-history the code that made each).
+gpuctx_jupyter.core.inventory inside the kernel). In the JSON also: what torch's caching allocator
+reserves of it, dynamo's compile time per phase, the server's standbys as the cells start and end,
+torch's allocator's largest segments (with --memory-history the code that made each), each cell's
+time inside the kernel (ipykernel's `started` to its reply: the rest is the trip through the
+server and the kernel's queue), and in the cold and idle cases Python's full garbage collections
+from ready on (the reading time, the warm-up and the cells) with each one's pause (`gc_full_ms`;
+"steady" marks where the steady runs begin) and how many objects gc had frozen (`gc_frozen`).
 Before the first play and after the last, what the defaults' standbys hold (host memory
 against their budget, GPU memory, CPU). A notebook that needs what this machine lacks
 (two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
@@ -139,6 +141,19 @@ TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trai
 # Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,
 # where torch runs CUDA, what its caching allocator reserves of that (the rest is the context, the
 # loaded kernels and the libraries' workspaces), and where dynamo compiled, its time per phase.
+# Python's full collections in the kernel from here on, each one's pause in ms (a "steady" mark
+# between the first cells and their steady runs): sent silently before the cells
+GC_WATCH = """import gc as _gc, time as _time
+def _watch(phase, info, _at=[0.0], _pauses=[], _clock=_time.perf_counter):
+    if phase == 'start':
+        _at[0] = _clock()
+    elif info['generation'] == 2:
+        _pauses.append(round((_clock() - _at[0]) * 1000, 1))
+_gc.callbacks.append(_watch)
+__gc_pauses__ = _watch.__defaults__[1]
+del _gc, _time, _watch"""
+GC_STEADY = "if '__gc_pauses__' in globals(): __gc_pauses__.append('steady')"
+
 REPORT = """import json as _j, sys as _s
 from gpuctx_jupyter.core import inventory as _inv
 _m = getattr(get_ipython(), '_gpuctx', None)
@@ -166,7 +181,8 @@ print(_j.dumps({'memory': _inv.process_memory(_inv.take()),
                 'width': globals().get('width'),
                 'warmup': _m.warmer.status.as_dict() if _m else None,
                 'plan': _m.warmer.plan_lines() if _m else [],
-                'pooled': getattr(_m, 'pooled', None) is not None}))
+                'pooled': getattr(_m, 'pooled', None) is not None,
+                'gc_full_ms': globals().get('__gc_pauses__'), 'gc_frozen': __import__('gc').get_freeze_count()}))
 del _j, _s, _inv, _m, _try, _t, _d, _segments"""
 
 
@@ -255,7 +271,7 @@ class Session:
         return {"memory": sum((rep.get("memory") or {}).values()),
                 "memory_by_gpu": rep.get("memory"),  # CUDA ordinal -> bytes NVML lists for the kernel
                 **{k: rep.get(k) for k in ("torch_reserved", "compile_times", "warmup", "plan", "pooled",
-                                           "allocator", "width")}}
+                                           "allocator", "width", "gc_full_ms", "gc_frozen")}}
 
     def close(self) -> None:
         self.ks.close()
@@ -424,6 +440,8 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
             except (ValueError, IndexError):
                 out["cpu_overlap"] = None
             return out
+        if case in ("cold", "idle"):
+            s.ks.execute(GC_WATCH, silent=True)
         if case == "idle":
             time.sleep(idle)
         if case == "restart":
@@ -433,6 +451,7 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
         out["pool_before_cells"] = pool_states(srv)
         first = s.run_all(cells) if case in ("runall", "restart") else [s.run(c) for c in cells]
         out["pool_after_cells"] = pool_states(srv)
+        s.ks.execute(GC_STEADY, silent=True)
         if case == "restart":
             out["restart_to_gpu_cell"] = out["restart"] + sum(r["seconds"] for r in first[:first_gpu_cell(cells) + 1])
         steady = [s.run(c) for c in cells]
@@ -443,6 +462,12 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
         return out
     finally:
         s.close()
+
+
+def first_cells_gc(run: dict) -> list[float]:
+    """The pauses of the full collections of a play up to its first cells' end (before its steady runs)."""
+    pauses = run.get("gc_full_ms") or []
+    return pauses[:pauses.index("steady")] if "steady" in pauses else pauses
 
 
 def median(values):
@@ -647,6 +672,11 @@ def report(runs: dict, skipped: dict, env: dict, path: str) -> None:
                 wait = "no reserve" if s["reserve_wait"] is None else f"reserve ready after {s['reserve_wait']:.1f} s"
                 print(f"{'':<40}restart → first GPU cell {ms(s['restart_to_gpu_cell'])} ms "
                       f"(restart {ms(s['restart'])} ms; {wait}; {s['pooled']} of {s['runs']} from the reserve)")
+            pauses = [first_cells_gc(r) for r in runs[name][case] if r.get("gc_full_ms") is not None]
+            if pauses:
+                print(f"{'':<40}Python's full collections from ready to the first cells' end, per play: "
+                      + ", ".join(" + ".join(f"{p:g} ms" for p in ps) or "none" for ps in pauses)
+                      + f" ({runs[name][case][0].get('gc_frozen') or 0} objects frozen)")
             for err in s["errors"]:
                 print(f"{'':<40}error: {err}")
     for name, why in skipped.items():

@@ -14,13 +14,18 @@
 #                                         # with the warm-up steps and the CPU used beside each cell
 #   scripts/gpu-pending.sh runall         # Run All right after opening: off, defaults, no imports standby
 #
-# The final figures the open issues still owe, on final code (about 9 minutes each; with
-# tests-all, four commands fill a session's 30 minutes of device time):
+# The final figures the open issues still owe, on final code (each within one command's 10 minutes;
+# all five take about 30 minutes of device time, tests-all another 4; docs/benchmarks.md says which
+# of them the last GPU session ran):
 #   scripts/gpu-pending.sh final-training # the four training notebooks, first open after 6 s of reading,
-#                                         # cold beside defaults, 3 runs ("Warm what the next cell needs")
+#                                         # cold beside defaults, 3 runs ("Warm what the next cell needs");
+#                                         # the JSON has each cell's time inside the kernel besides the client's
 #   scripts/gpu-pending.sh final-compile  # torch.compile and JAX: first open and Restart, 3 runs (same issue)
-#   scripts/gpu-pending.sh final-open     # transformers, lightning, torch_geometric notebooks: first open
-#                                         # after 10 s of reading and Restart, 3 runs ("Ready before it is asked")
+#   scripts/gpu-pending.sh final-open     # transformers and lightning notebooks: first open after 10 s of
+#                                         # reading and Restart, 3 runs ("Ready before it is asked")
+#   scripts/gpu-pending.sh final-pyg      # the torch_geometric notebook, the same cases, 3 runs (same issue)
+#   scripts/gpu-pending.sh final-typed    # a new notebook typed cell by cell, 3 runs ("Warm what the next
+#                                         # cell needs")
 #
 # Results go to $OUT (else benchmarks/results/); each part prints its table as it ends.
 set -uo pipefail
@@ -66,8 +71,14 @@ case "$part" in
     "$py" benchmarks/notebooks.py --notebooks compile_mlp,compile_fresh,jax_jit --cases cold,idle,restart \
       --repeat 3 --until 400 --json "$results/notebooks-final-compile.json" ;;
   final-open)
-    "$py" benchmarks/notebooks.py --notebooks heavy_imports,lightning_fit,pyg_gcn --cases cold,idle,restart \
-      --repeat 3 --until 400 --json "$results/notebooks-final-open.json" ;;
+    "$py" benchmarks/notebooks.py --notebooks heavy_imports,lightning_fit --cases cold,idle,restart \
+      --repeat 3 --until 420 --json "$results/notebooks-final-open.json" ;;
+  final-pyg)
+    "$py" benchmarks/notebooks.py --notebooks pyg_gcn --cases cold,idle,restart \
+      --repeat 3 --until 420 --json "$results/notebooks-final-pyg.json" ;;
+  final-typed)
+    "$py" benchmarks/notebooks.py --notebooks mlp_adamw --cases typed \
+      --repeat 3 --until 420 --json "$results/notebooks-final-typed.json" ;;
   *)
-    sed -n '2,24p' "$0"; exit 2 ;;
+    sed -n '2,29p' "$0"; exit 2 ;;
 esac

@@ -26,7 +26,7 @@ PROBE = ("import json, os, sys\n"
          " 'modules': sorted(m for m in ('torch', 'torch._dynamo', 'gpuctx_slow_two') if m in sys.modules),"
          " 'pooled': getattr(get_ipython()._gpuctx, 'pooled', None) is not None, 'note': os.environ.get('GPUCTX_POOL_NOTE'),"
          " 'standby': os.environ.get('GPUCTX_STANDBY'), 'recipe': os.environ.get('GPUCTX_WARM_RECIPE'),"
-         " 'history': len(list(get_ipython().history_manager.get_range()))}))")
+         " 'history': len(list(get_ipython().history_manager.get_range())), 'frozen': __import__('gc').get_freeze_count()}))")
 
 
 def site_with_a_slow_module(tmp_path) -> dict:
@@ -124,6 +124,17 @@ def test_a_notebook_opened_after_its_imports_were_seen_finds_them_done_as_in_a_f
     connection = adopted["argv"][adopted["argv"].index("-f") + 1]  # the server's file for this kernel id
     assert connection.endswith(f"kernel-{kid}.json") and os.path.exists(connection)
     assert len(adopted["argv"]) == len(fresh["argv"])
+    # the standby's imports were settled before the hand-over (settle.py): the notebook's full
+    # collections leave them out; what the notebook makes is not frozen, its cycles are collected
+    assert adopted["frozen"] > 10_000 and fresh["frozen"] == 0, (adopted["frozen"], fresh["frozen"])
+    ks = srv.channels(kid)
+    try:
+        r = ks.execute("import gc, weakref\nclass Cycle: pass\nc = Cycle(); c.me = c; ref = weakref.ref(c)\ndel c\n"
+                       "gc.collect()\nprint(ref() is None, gc.get_freeze_count())")
+        freed, frozen = r.stdout.split()  # (no more frozen than before: a frozen object still goes when its
+        assert freed == "True" and int(frozen) <= adopted["frozen"], (r.stdout, r.stderr)  # last reference does)
+    finally:
+        ks.close()
     # refilled at once, at the lowest CPU priority
     wait_for(lambda: any(s["kind"] == "imports" and s["pid"] != standby["pid"] for s in pool_of(srv)["standbys"]),
              timeout=60)
@@ -710,3 +721,36 @@ def test_torch_creating_a_cuda_context_on_import_is_dropped_from_what_standbys_i
     profile.outcome("torch", "done", 3.0, "context")
     assert set(profile.modules()) == {"pandas", "torchvision"}  # (torchvision is dropped when its own import shows it)
     assert "CUDA context" in profile.as_dict()["dropped"]["torch"]
+
+
+def test_only_a_standby_no_notebook_has_taken_settles_its_objects(monkeypatch):
+    """settle.py freezes what a standby's imports left, once: never in a kernel a notebook has
+    taken (the hand-over removed GPUCTX_STANDBY), never while the hand-over is under way."""
+    import gc
+
+    from gpuctx_jupyter.contract import STANDBY
+    from gpuctx_jupyter.kernel.warm import settle
+
+    gc.freeze()  # a process that froze objects of its own before (the GPU machine's kernels: 375)
+    base = gc.get_freeze_count()
+    made = [[i] for i in range(20_000)]  # what the standby's imports made since
+    try:
+        monkeypatch.delenv(STANDBY, raising=False)
+        assert settle.settle() is None and gc.get_freeze_count() == base  # a notebook's kernel
+        monkeypatch.setenv(STANDBY, "1")
+        outcome = []
+        with settle.LOCK:  # a hand-over under way: settle waits for its end, then finds it taken
+            waiting = threading.Thread(target=lambda: outcome.append(settle.settle()))
+            waiting.start()
+            waiting.join(0.5)
+            assert waiting.is_alive() and gc.get_freeze_count() == base
+            monkeypatch.delenv(STANDBY)
+        waiting.join(10)
+        assert outcome == [None] and gc.get_freeze_count() == base
+        monkeypatch.setenv(STANDBY, "1")  # a standby no notebook has taken: everything alive is frozen
+        frozen = settle.settle()  # (a frozen object still goes when its last reference does)
+        assert frozen >= base + len(made) and 0 <= frozen - gc.get_freeze_count() < 1000
+        assert settle.settle() is None  # once
+    finally:
+        gc.unfreeze()
+        settle._done.clear()

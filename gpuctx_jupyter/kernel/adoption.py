@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..contract import SESSION
 from . import state as kernel_state
+from .warm import settle
 from .warm.recipes import inductor
 
 log = logging.getLogger("gpuctx")
@@ -30,13 +31,14 @@ def adopt(ip, content: dict, then=None) -> dict:
     previous = os.environ.get(SESSION)
     old_cwd = os.getcwd()
     cwd = str(content["cwd"])
-    os.chdir(cwd)
-    sys.path[:] = _rebased(sys.path, old_cwd, cwd)
-    for name, value in (content.get("env") or {}).items():
-        if value is None:  # the standby had it (its notebook); the new kernel must not
-            os.environ.pop(str(name), None)
-        else:
-            os.environ[str(name)] = str(value)
+    with settle.LOCK:  # not while the standby settles its objects: the notebook's must never be frozen
+        os.chdir(cwd)
+        sys.path[:] = _rebased(sys.path, old_cwd, cwd)
+        for name, value in (content.get("env") or {}).items():
+            if value is None:  # the standby had it (its notebook, GPUCTX_STANDBY); the new kernel must not
+                os.environ.pop(str(name), None)
+            else:
+                os.environ[str(name)] = str(value)
     _fresh_directory_history(ip)
     st = kernel_state.of(ip)
     if st is not None:

@@ -68,8 +68,7 @@ class Warmer:
         self._on_start = None
         self._under_way = threading.Event()  # set when the thread's first step has begun (or it ended)
         self._cell_waits = False  # the running cell waits on the warm-up: it does not pause for it
-        self._lock = threading.Lock()
-        self._cond = threading.Condition()
+        self._lock, self._cond = threading.Lock(), threading.Condition()
         self._cells = 0  # cells executing now
         self._cells_started = 0  # cells started in all
         self._last_cell_end: float | None = None
@@ -85,6 +84,7 @@ class Warmer:
         self._next: tuple | None = None  # (make_plan(previous), source): the plan to carry out next
         self._exiting = False  # the thread has taken its last plan: a new one needs a new thread
         self.on_plan = None  # called with each plan once its set-up is applied (the workers it names are prepared)
+        self.on_end = lambda: None  # called as each plan's steps have ended; never raises
         self.nice = False  # the thread yields the CPU to every other (a prepared worker's, a standby's)
         self._unniced: side.Unniced | None = None  # while it does: a thread that starts processes at the kernel's priority
 
@@ -405,10 +405,10 @@ class Warmer:
                     self.status.device = self._ordinals[0]
                 gpu_batch(self, plan, self._ordinals, todo)
         self.wait_background()
+        self.on_end()  # before the record says the plan is over (what a standby does then: settle.py)
         failed = [s for s in plan.steps if s.state == "failed"]
         if failed:
-            first = failed[0]
-            st.state, st.detail = "failed", f"{first.name}: {first.detail}"
+            st.state, st.detail = "failed", f"{failed[0].name}: {failed[0].detail}"
         elif missing:
             st.state, st.detail = "skipped", f"{', '.join(missing)} is not installed in this kernel"
         elif reason and plan.gpu:  # (a plan without GPU work, a standby's, did all it was for)

@@ -7,12 +7,13 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from ...contract import (DEFAULT_OPS, INDUCTOR_MODULE, SERVER_HOOK, SESSION, STANDBY_RECIPE, WARM_SOURCE, WORKER_IMPORTS,
-                         opted_out)
+from ...contract import (DEFAULT_OPS, INDUCTOR_MODULE, SERVER_HOOK, SESSION, STANDBY, STANDBY_RECIPE, WARM_SOURCE,
+                         WORKER_IMPORTS, opted_out)
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
 from ..switching import Choice
 from . import plan as plans
+from . import settle
 from .settings import GpuWarmup
 
 if TYPE_CHECKING:
@@ -92,6 +93,8 @@ def start_from_config(state, shell, cfg: GpuWarmup, defer: bool = False) -> None
                 log.info("gpuctx: no workers' imports in this standby: %s", why_not)
     path = os.environ.get(SESSION)
     warmer = state.warmer
+    if os.environ.get(STANDBY):  # its warm-up over, a standby freezes what its imports left (settle.py)
+        warmer.on_end = settle.settle
     source = os.environ.get(WARM_SOURCE, "kernel config")
     # Whether the notebook uses a GPU framework: read by the warm-up thread, after readiness, in the
     # kernels the server starts; a kernel warmed by its own config decides now, so that a server's
