@@ -135,6 +135,52 @@ def test_a_worker_that_cannot_register_is_reported_by_what_happened_not_by_ipypa
     assert last_line(out) == "Registration timed out after 1.0 seconds", out
 
 
+def test_the_controllers_connection_file_is_never_seen_part_written(tmp_path):
+    """A worker forked with its imports done reads the controller's connection file the moment it
+    exists (CI, a loaded machine: "worker 0 exited (exit status 1): json.decoder.JSONDecodeError").
+    Written as the workers' controller writes it (worker_side.save_connection_dict, installed over
+    IPController's), a reader polling the name all along finds it absent or whole, never part
+    written, and only its owner can read it."""
+    import json
+    import stat
+    import threading
+    from types import SimpleNamespace
+
+    from gpuctx_jupyter.kernel import worker_side
+
+    controller = SimpleNamespace(profile_dir=SimpleNamespace(security_dir=str(tmp_path)),
+                                 log=SimpleNamespace(info=lambda *a: None))
+    big = {f"key{i}": "x" * 64 for i in range(200_000)}  # tens of ms to serialize: a wide window
+    path, seen, stop = tmp_path / "ipcontroller-engine.json", [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                continue
+            try:
+                json.loads(text)
+                seen.append("whole")
+            except ValueError:
+                seen.append(f"part written ({len(text)} bytes)")
+
+    def written_by(save):
+        path.unlink(missing_ok=True)
+        seen.clear()
+        stop.clear()
+        reader = threading.Thread(target=read)
+        reader.start()
+        save(controller, path.name, big)
+        wait_for(lambda: seen, timeout=30)
+        stop.set()
+        reader.join()
+        return set(seen)
+
+    assert written_by(worker_side.save_connection_dict) == {"whole"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_in_a_terminal_a_last_line_without_its_newline_is_printed_once_the_cell_ends(capsys):
     from types import SimpleNamespace
 

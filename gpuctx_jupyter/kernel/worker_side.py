@@ -18,6 +18,7 @@ through ipyparallel's `apply`. Nothing here imports ipyparallel, torch or NVML a
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import reprlib
@@ -231,6 +232,9 @@ def main(argv: list[str]) -> None:
         watch_parent(token, folder=os.environ.get(ENV_FOLDER, "") if role == "controller" else "")
     if role == "controller":
         _children_end_with_this_process()
+        from ipyparallel.controller.app import IPController
+
+        IPController.save_connection_dict = save_connection_dict
     if role == "engine":
         if os.environ.get(ENV_PLACE):
             place(os.environ[ENV_PLACE])
@@ -248,6 +252,27 @@ def main(argv: list[str]) -> None:
             import shutil
 
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def save_connection_dict(self, fname: str, cdict: dict) -> None:
+    """IPController's, written whole: ipyparallel opened the file, then wrote it, and a worker that
+    looked in between (forked with its imports done, it looks at once; its controller slowed by a
+    loaded machine) read it empty and exited with a JSONDecodeError. A file of its own (0600, as
+    mkstemp makes it) renamed over the name: the name only ever holds a whole file."""
+    import json
+    import tempfile
+
+    path = os.path.join(self.profile_dir.security_dir, fname)
+    self.log.info("writing connection info to %s", path)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{fname}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(cdict, indent=2))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _children_end_with_this_process() -> None:
