@@ -31,7 +31,8 @@ def adopt(ip, content: dict, then=None) -> dict:
     previous = os.environ.get(SESSION)
     old_cwd = os.getcwd()
     cwd = str(content["cwd"])
-    with settle.LOCK:  # not while the standby settles its objects: the notebook's must never be frozen
+    with settle.LOCK:  # not while the standby freezes its objects: the notebook's must never be frozen
+        settle.handed_over()
         os.chdir(cwd)
         sys.path[:] = _rebased(sys.path, old_cwd, cwd)
         for name, value in (content.get("env") or {}).items():

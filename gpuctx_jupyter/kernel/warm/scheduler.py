@@ -405,7 +405,7 @@ class Warmer:
                     self.status.device = self._ordinals[0]
                 gpu_batch(self, plan, self._ordinals, todo)
         self.wait_background()
-        self.on_end()  # before the record says the plan is over (what a standby does then: settle.py)
+        self._unniced.run(self.on_end) if self._unniced else self.on_end()  # at the kernel's priority (settle.py)
         failed = [s for s in plan.steps if s.state == "failed"]
         if failed:
             st.state, st.detail = "failed", f"{failed[0].name}: {failed[0].detail}"
