@@ -154,7 +154,8 @@ def suspend_kernel(kc, pid: int, token: str = "t") -> None:
 
     consent = wait_for(consented, timeout=30)
     assert consent["status"] == "ok", consent
-    assert helper("suspend", pid, "--lock-timeout-ms", "1000", "--token", token)["ok"]
+    out = helper("suspend", pid, "--lock-timeout-ms", "1000", "--token", token)
+    assert out["ok"], out  # (what the helper says: a cancelled consent, a lock that timed out, …)
     done = control(kc, contract.SUSPEND_DONE_REQUEST, {"token": token, "ok": True, "since": time.time() - 65,
                                                        "moved": {"0": 10 * GIB}})
     assert done["content"]["state"] == "suspended"
