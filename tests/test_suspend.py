@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -145,9 +146,12 @@ def control(kc, msg_type: str, content: dict | None = None, timeout: float = 60)
     return reply_to(kc, msg["header"]["msg_id"], timeout, channel="control")
 
 
-def suspend_kernel(kc, pid: int, token: str = "t") -> None:
+def suspend_kernel(kc, pid: int, token: str | None = None) -> None:
     """What the server does: the kernel's consent, the helper, the outcome. (A consent asked right
-    after a cell may come before the cell's end on a loaded machine: it is asked again then.)"""
+    after a cell may come before the cell's end on a loaded machine: it is asked again then.) A
+    token of its own, as the server's: a cancelled consent is kept by PID, and a PID comes back
+    (32768 of them on CI, thousands of processes in the suite; other tests cancel fixed tokens)."""
+    token = token or uuid.uuid4().hex
     def consented():
         c = control(kc, contract.SUSPEND_PREPARE_REQUEST, {"token": token})["content"]
         return c if c["status"] == "ok" or "running a cell" not in c.get("message", "") else None
@@ -399,7 +403,7 @@ def test_a_restore_that_hangs_holds_neither_the_control_channel_nor_the_kernel(k
         assert reply_to(kc, cell, 30)["content"]["status"] == "ok" and fake.state(pid) == 0
 
         run(kc, "import gpuctx_jupyter.kernel.suspend as s; s.RESTORE_TIMEOUT_S = 1.0")
-        suspend_kernel(kc, pid, token="again")
+        suspend_kernel(kc, pid)
         fake.hang(pid, "restore")
         r = run(kc, "x += 1", timeout=30)
         assert r.reply["status"] == "error" and r.error["ename"] == "GpuctxResumeError"
@@ -427,7 +431,7 @@ def test_the_servers_resume_request_restores_and_a_restart_never_restores_first(
     resumed = control(kc, contract.RESUME_REQUEST)["content"]
     assert resumed["status"] == "ok" and resumed["resumed"] is True and fake.state(pid) == 0
     assert control(kc, contract.RESUME_REQUEST)["content"]["resumed"] is False
-    suspend_kernel(kc, pid, token="again")
+    suspend_kernel(kc, pid)
     km.restart_kernel(now=False)  # a shutdown_request first: no user code, no restore
     kc.wait_for_ready(timeout=60)
     assert fake.steps(pid).count("restore") == 1 and fake.state(pid) == 2
