@@ -138,9 +138,6 @@ print(_j.dumps({'cell_in_kernel': _b - _a, 'warm_started': _m.warmer.status.star
                                                     else _tm.monotonic()) > _a]}))"""
 GPU_CELL = re.compile(r"\.to\(\s*device\b|\.cuda\(\)|\bdevice\s*=\s*device\b")  # a cell that puts work on the GPU
 TRAINING_CELL = re.compile(r"\.backward\(|\.step\(|\.fit\(")  # a cell that trains
-# Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,
-# where torch runs CUDA, what its caching allocator reserves of that (the rest is the context, the
-# loaded kernels and the libraries' workspaces), and where dynamo compiled, its time per phase.
 # Python's full collections in the kernel from here on, each one's pause in ms (a "steady" mark
 # between the first cells and their steady runs): sent silently before the cells
 GC_WATCH = """import gc as _gc, time as _time
@@ -154,6 +151,9 @@ __gc_pauses__ = _watch.__defaults__[1]
 del _gc, _time, _watch"""
 GC_STEADY = "if '__gc_pauses__' in globals(): __gc_pauses__.append('steady')"
 
+# Run inside the kernel at the end: its warm-up record, its plan, the GPU memory NVML gives it and,
+# where torch runs CUDA, what its caching allocator reserves of that (the rest is the context, the
+# loaded kernels and the libraries' workspaces), and where dynamo compiled, its time per phase.
 REPORT = """import json as _j, sys as _s
 from gpuctx_jupyter.core import inventory as _inv
 _m = getattr(get_ipython(), '_gpuctx', None)
