@@ -252,6 +252,14 @@ class GpuctxServer(Configurable):
         empty. 0: never pause there.""",
     ).tag(config=True)
 
+    kernel_websocket_nodelay = Bool(
+        True,
+        help="""Send each message on a kernel's websocket at once (TCP_NODELAY): a cell run right
+        after another answers ~40 ms sooner (Nagle's algorithm held its reply until the browser
+        had acknowledged the cell's first messages, which Linux delays by 40 ms). False: the
+        websockets as jupyter_server leaves them.""",
+    ).tag(config=True)
+
     metrics_kernel_labels = Bool(
         False,
         help="""Label the per-kernel GPU memory series on /metrics with kernel ids and notebook

@@ -31,7 +31,7 @@ from ..contract import (ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, 
 from ..core import inventory
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
-from . import jupyter_internals, kernel_client, metrics, provisioner, release, routes, suspend
+from . import jupyter_internals, kernel_client, metrics, nodelay, provisioner, release, routes, suspend
 from .checkpointer import HelperCheckpointer
 from .config import GpuctxServer
 from .culling import GpuCuller
@@ -136,6 +136,8 @@ def load(serverapp) -> Server:
     api = GpuApi(serverapp, cfg, replay, launcher, pool, lifecycle, holders, pressure, culler, history, suspender,
                  reported, typed)
     routes.setup(serverapp.web_app, api)
+    if cfg.kernel_websocket_nodelay:
+        nodelay.install(serverapp.web_app.settings, log)
     private = bool(getattr(serverapp, "authenticate_prometheus", True)) or cfg.metrics_kernel_labels
     metrics.install(lambda: api.snapshot(api.read_now()), kernel_labels=private, log_once=api.log_once)
 

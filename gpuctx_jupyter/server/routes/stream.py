@@ -60,6 +60,7 @@ class StreamHandler(WebSocketMixin, WebSocketHandler, JupyterHandler):
 
     def open(self, *args, **kwargs):
         super().open()  # starts the keep-alive pings
+        self.set_nodelay(True)  # the hello and the history go out together, not 40 ms apart (server/nodelay.py)
         self.loop = IOLoop.current()
         self.write_message(json.dumps(self.hello))
         if self.api.history is not None:  # the last minutes at once, before the first snapshot
