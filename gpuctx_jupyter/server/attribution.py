@@ -81,10 +81,10 @@ class RecentChildren:
             refresh = table is not None and stale and not self._reading
             self._reading = self._reading or refresh
         if table is None:
-            self._store(_read_table())
-        elif refresh:
+            table = _read_table()
+            self._store(table)
+        elif refresh:  # (this call answers from the table it found, whenever the thread ends)
             threading.Thread(target=self._refresh, name="gpuctx-process-table", daemon=True).start()
-        table = self._table
         return lambda pid: table.get(pid, ())
 
     def _refresh(self) -> None:
