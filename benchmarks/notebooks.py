@@ -52,7 +52,7 @@ gpuctx_jupyter.core.inventory inside the kernel). In the JSON also: what torch's
 reserves of it, dynamo's compile time per phase, the server's standbys as the cells start and end,
 torch's allocator's largest segments (with --memory-history the code that made each), each cell's
 time inside the kernel (ipykernel's `started` to its reply: the rest is the trip through the
-server and the kernel's queue), and in the cold and idle cases Python's full garbage collections
+server and the kernel's queue; every case, Run All's and the typed plays' cells included), and in the cold and idle cases Python's full garbage collections
 from ready on (the reading time, the warm-up and the cells) with each one's pause (`gc_full_ms`;
 "steady" marks where the steady runs begin) and how many objects gc had frozen (`gc_frozen`).
 Before the first play and after the last, what the defaults' standbys hold (host memory
@@ -78,7 +78,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from gpuctx_jupyter.core import inventory  # noqa: E402
-from tests.harness.server import KernelSocket, Server, as_installed  # noqa: E402
+from tests.harness.server import KernelSocket, Server, as_installed, in_kernel  # noqa: E402
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 SLOW_MODULE = "gpuctx_bench_slow"  # an installed package whose import takes 2 s (cpu_imports.ipynb)
@@ -244,13 +244,14 @@ class Session:
             msg = json.loads(self.ks.ws.recv())
             parent = msg.get("parent_header", {}).get("msg_id")
             if parent in ids and msg["msg_type"] == "execute_reply":
-                replies[parent] = (time.perf_counter(), msg["content"])
+                replies[parent] = (time.perf_counter(), msg)
         out, last = [], t0
         for i in ids:
-            at, content = replies[i]
+            at, msg = replies[i]
+            content = msg["content"]
             ok = content.get("status") == "ok"
-            out.append({"seconds": at - last, "ok": ok, "error": None if ok else f"{content.get('ename')}: "
-                        f"{content.get('evalue')}"})
+            out.append({"seconds": at - last, "in_kernel": in_kernel(msg), "ok": ok,
+                        "error": None if ok else f"{content.get('ename')}: {content.get('evalue')}"})
             last = at
         return out
 
@@ -413,7 +414,8 @@ def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float
             first.append(s.run(cell))
         steady = [s.run(c) for c in cells]
         out.update(first=[r["seconds"] for r in first], steady=[r["seconds"] for r in steady],
-                   errors=[r["error"] for r in first + steady if r["error"]])
+                   errors=[r["error"] for r in first + steady if r["error"]],
+                   first_in_kernel=[r.get("in_kernel") for r in first], steady_in_kernel=[r.get("in_kernel") for r in steady])
         gpu, train = first_gpu_cell(cells), first_training_cell(cells)
         out["first_gpu_cell"], out["first_gpu_cell_steady"] = out["first"][gpu], out["steady"][gpu]
         if train is not None:
