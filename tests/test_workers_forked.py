@@ -210,7 +210,9 @@ def test_the_pool_keeps_the_imports_for_a_notebook_that_starts_workers_and_ends_
                                                                                                 tmp_path):
     notebook(tmp_path / "train.ipynb", [START, "import torch"])
     notebook(tmp_path / "plain.ipynb", ["import torch\nx = torch.ones(2)"])
-    srv = server_factory(env=AUTO)
+    # no restart reserve for train.ipynb: once ready it ties with the imports standby for plain.ipynb
+    # (both cover `import torch`), and either may serve it; this test is about the imports standby
+    srv = server_factory("--GpuctxServer.pool_reserve_after=3600", env=AUTO)
 
     def standby_with_imports():
         for s in (pool_of(srv) or {}).get("standbys", []):

@@ -72,11 +72,12 @@ class Server:
                     raise PortTaken(log)
                 raise RuntimeError(f"jupyter server exited: {log}")
             try:
-                self.api("GET", "/api/status")
+                self.api("GET", "/api/status", timeout=10)
                 return self
-            except (urllib.error.URLError, ConnectionError, http.client.HTTPException):
-                # not listening yet, or another process (a kernel's ZMQ socket) holds the port:
-                # then the server exits saying so, and start() retries on another port
+            except (urllib.error.URLError, ConnectionError, http.client.HTTPException, TimeoutError):
+                # not listening yet, or another process holds the port: then the server exits saying
+                # so, and start() retries on another port. A kernel's ZMQ socket on it accepts the
+                # connection and never answers HTTP: hence the short timeout (asked again until the deadline)
                 time.sleep(0.2)
         raise TimeoutError(f"jupyter server did not start: {self.log()}")
 
