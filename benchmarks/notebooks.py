@@ -52,9 +52,10 @@ gpuctx_jupyter.core.inventory inside the kernel). In the JSON also: what torch's
 reserves of it, dynamo's compile time per phase, the server's standbys as the cells start and end,
 torch's allocator's largest segments (with --memory-history the code that made each), each cell's
 time inside the kernel (ipykernel's `started` to its reply: the rest is the trip through the
-server and the kernel's queue; every case, Run All's and the typed plays' cells included), and in the cold and idle cases Python's full garbage collections
-from ready on (the reading time, the warm-up and the cells) with each one's pause (`gc_full_ms`;
-"steady" marks where the steady runs begin) and how many objects gc had frozen (`gc_frozen`).
+server and the kernel's queue; in every case, Run All's and the typed plays' cells included), and
+in the cold and idle cases Python's full garbage collections from ready on (the reading time, the
+warm-up and the cells) with each one's pause (`gc_full_ms`; "steady" marks where the steady runs
+begin) and how many objects gc had frozen (`gc_frozen`).
 Before the first play and after the last, what the defaults' standbys hold (host memory
 against their budget, GPU memory, CPU). A notebook that needs what this machine lacks
 (two GPUs, a library) is skipped with the reason. Prints a table (medians) and writes JSON.
