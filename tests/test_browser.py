@@ -9,6 +9,7 @@ import time
 import pytest
 
 from .harness.browser import (
+    command,
     confirm_action,
     kernel_idle,
     notebook_json,
@@ -113,11 +114,11 @@ def test_the_stream_runs_only_while_something_shows_it(lab, browser):
     item.wait_for(state="visible")
     assert not page.locator("#gpuctx-panel").is_visible()  # the file browser is the open sidebar
     until(open_streams, "no stream for the status bar")
-    page.evaluate("() => window.jupyterapp.commands.execute('statusbar:toggle')")
+    command(page, "statusbar:toggle")
     item.wait_for(state="hidden")
     until(lambda: not open_streams(), "the stream runs on with nothing showing it")
     opened = len(streams)
-    page.evaluate("() => window.jupyterapp.commands.execute('statusbar:toggle')")
+    command(page, "statusbar:toggle")
     item.wait_for(state="visible")
     until(lambda: len(streams) > opened and open_streams(), "the stream did not come back with the status bar")
     assert browser.errors[errors:] == []

@@ -14,6 +14,7 @@ import pytest
 from .harness.browser import (
     TRACE,
     axe_violations,
+    command,
     decline_news,
     kernel_idle,
     notebook_with,
@@ -81,7 +82,7 @@ def test_a_reload_shows_the_last_minutes_at_once(lab, page, browser):
 # -- gaps are gaps -----------------------------------------------------------------------------------
 
 def open_dashboard(page):
-    page.evaluate("() => window.jupyterapp.commands.execute('gpuctx:open-dashboard')")
+    command(page, "gpuctx:open-dashboard")
     dashboard = page.locator("#gpuctx-dashboard")
     dashboard.wait_for(state="visible")
     return dashboard
@@ -160,11 +161,11 @@ def test_the_dashboard_opens_from_the_palette_the_panel_and_the_status_bar_once(
     assert sections.nth(0).locator("h3").inner_text() == "cuda:1 · NVIDIA H200"
     dashboard.locator("select").select_option(label="All GPUs")
     # the panel's button and a Ctrl-click on the status bar bring the same dashboard forward
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:open', {path: 'monitor.ipynb'})")
+    command(page, "docmanager:open", {"path": "monitor.ipynb"})
     wait_js(page, "() => window.jupyterapp.shell.currentWidget.id !== 'gpuctx-dashboard'")
     open_panel(page).locator(".jp-gpuctx-dashboard-button").click()
     wait_js(page, "() => window.jupyterapp.shell.currentWidget.id === 'gpuctx-dashboard'")
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:open', {path: 'monitor.ipynb'})")
+    command(page, "docmanager:open", {"path": "monitor.ipynb"})
     page.locator(".jp-gpuctx-status-button").click(modifiers=["Control"])
     wait_js(page, "() => window.jupyterapp.shell.currentWidget.id === 'gpuctx-dashboard'")
     assert page.locator("#gpuctx-dashboard").count() == 1
@@ -236,13 +237,13 @@ def saved_outputs(lab, name: str) -> list[dict]:
 
 
 def open_in_page(page, name: str) -> None:
-    page.evaluate("n => window.jupyterapp.commands.execute('docmanager:open', {path: n})", name)
+    command(page, "docmanager:open", {"path": name})
     wait_js(page, "n => { const w = window.jupyterapp.shell.currentWidget; return w && w.context &&"
                   " w.context.path === n; }", arg=name)
 
 
 def save(page) -> None:
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+    command(page, "docmanager:save")
     wait_js(page, "() => !window.jupyterapp.shell.currentWidget.context.model.dirty")
 
 

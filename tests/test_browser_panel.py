@@ -20,6 +20,7 @@ from .harness.browser import (
     TRACE,
     TRACE8,
     axe_violations,
+    command as run_command,
     confirm_action,
     debugger_settled,
     kernel_idle,
@@ -225,7 +226,7 @@ def test_status_bar_says_gpu_dash_for_a_notebook_without_gpu_and_hides_on_other_
     assert "uses no GPU" in item.get_attribute("aria-label")
     # another kind of tab: the Launcher, then the Settings editor; the item goes, and comes back
     for command in ("launcher:create", "settingeditor:open"):
-        page.evaluate("c => window.jupyterapp.commands.execute(c)", command)
+        run_command(page, command)
         page.locator(".jp-gpuctx-status").wait_for(state="hidden")
         page.evaluate("() => window.jupyterapp.shell.currentWidget.close()")
         page.locator(".jp-gpuctx-status").wait_for(state="visible")

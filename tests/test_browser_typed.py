@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .harness.browser import kernel_idle
+from .harness.browser import command, kernel_idle
 from .harness.waiting import wait_for
 
 EMPTY = json.dumps({"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)",
@@ -99,7 +99,7 @@ def test_a_notebook_in_two_views_sends_each_edit_once(lab, notebook_page, browse
             assert time.monotonic() < deadline, f"timed out after {timeout:g} s; PUTs seen: {puts}"
             page.wait_for_timeout(100)
 
-    page.evaluate("() => window.jupyterapp.commands.execute('docmanager:clone')")  # New View for Notebook
+    command(page, "docmanager:clone")  # New View for Notebook
     views = page.locator(".jp-NotebookPanel")
     until(lambda: views.count() == 2 and views.nth(1).is_visible())
     views.nth(1).locator(".jp-Cell .cm-content").first.click()

@@ -173,9 +173,15 @@ def debugger_settled(page, timeout: float = 60_000) -> None:
         timeout=timeout)
 
 
+def command(page, name: str, args: dict | None = None) -> None:
+    """Run a JupyterLab command as a menu or shortcut would, and wait for it to finish. Nothing is
+    returned: a command's result (a widget) is a graph Playwright may refuse to serialize."""
+    page.evaluate("([c, a]) => window.jupyterapp.commands.execute(c, a).then(() => null)", [name, args or {}])
+
+
 def set_theme(page, theme: str, light: bool) -> None:
     """Switch JupyterLab's theme and return once it is in place and the switch is over."""
-    page.evaluate("t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", theme)
+    command(page, "apputils:change-theme", {"theme": theme})
     page.wait_for_function("l => document.body.dataset.jpThemeLight === String(l)", arg=light, timeout=30_000)
     # the theme's stylesheet has loaded when the panel's background has the theme's lightness
     page.wait_for_function(
