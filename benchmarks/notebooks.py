@@ -20,7 +20,10 @@ as JupyterLab opens one (so the kernel's JPY_SESSION_NAME names it), and its cod
 over the kernel websocket. Cases:
 
   cold      warming off; the cells one after another, as soon as the kernel is ready
-  idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one
+  idle      defaults; the user waits --idle seconds after ready, then runs the cells one by one (a
+            notebook never run before: nothing it noted on a run, such as its attention's shapes)
+  reopen    defaults; as idle, for a notebook run before (Run All, then closed): what its last run
+            noted (its attention's shapes, gpuctx_jupyter/kernel/warm/attention.py) is warmed too
   runall    warming off, the defaults, and without the imports standby: every cell sent at once
             as soon as the kernel is ready (Run All)
   restart   off and on: the notebook is run (Run All), then — once the server's automatic warm
@@ -83,7 +86,7 @@ from tests.harness.server import KernelSocket, Server, as_installed, in_kernel  
 
 NOTEBOOKS = os.path.join(ROOT, "benchmarks", "notebooks")
 SLOW_MODULE = "gpuctx_bench_slow"  # an installed package whose import takes 2 s (cpu_imports.ipynb)
-CASES = ("cold", "idle", "runall", "restart", "cpu", "typed")
+CASES = ("cold", "idle", "reopen", "runall", "restart", "cpu", "typed")
 TYPED = {"warming off": False, "no cells sent": False, "cells sent": True}  # typed plays: do they send?
 DEBOUNCE_S = 1.0  # JupyterLab sends the cells this long after typing stops (labextension/src/cells.ts)
 EMPTY = {"cells": [], "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
@@ -428,7 +431,16 @@ def play_typed(srv: Server, path: str, cells: list[str], send: bool, slot: float
 
 
 def play(srv: Server, path: str, cells: list[str], case: str, idle: float, history: bool = False) -> dict:
-    wait = imports_standby_ready(srv) if case in ("idle", "runall") else None
+    data = (srv.env or {}).get("JUPYTER_DATA_DIR")
+    if data and case in ("idle", "reopen"):  # what earlier plays' runs noted is forgotten: idle is a first run
+        shutil.rmtree(os.path.join(data, "gpuctx", "attention"), ignore_errors=True)
+    if case == "reopen":
+        earlier = Session(srv, path, history)
+        try:
+            earlier.run_all(cells)
+        finally:
+            earlier.close()
+    wait = imports_standby_ready(srv) if case in ("idle", "reopen", "runall") else None
     s = Session(srv, path, history)
     try:
         out = {"ready": s.ready, "standby_wait": wait}
@@ -443,9 +455,9 @@ def play(srv: Server, path: str, cells: list[str], case: str, idle: float, histo
             except (ValueError, IndexError):
                 out["cpu_overlap"] = None
             return out
-        if case in ("cold", "idle"):
+        if case in ("cold", "idle", "reopen"):
             s.ks.execute(GC_WATCH, silent=True)
-        if case == "idle":
+        if case in ("idle", "reopen"):
             time.sleep(idle)
         if case == "restart":
             s.run_all(cells)  # the user's work before the restart

@@ -20,6 +20,8 @@
 #   scripts/gpu-pending.sh final-training # the four training notebooks, first open after 6 s of reading,
 #                                         # cold beside defaults, 3 runs ("Warm what the next cell needs");
 #                                         # the JSON has each cell's time inside the kernel besides the client's
+#   scripts/gpu-pending.sh final-attention # the bf16 transformer opened again after a run (its attention's
+#                                         # shapes noted then) beside a first open and cold, 3 runs (same issue)
 #   scripts/gpu-pending.sh final-compile  # torch.compile and JAX: first open and Restart, 3 runs (same issue)
 #   scripts/gpu-pending.sh final-open     # transformers and lightning notebooks: first open after 10 s of
 #                                         # reading and Restart, 3 runs ("Ready before it is asked")
@@ -35,7 +37,7 @@ part="${1:-}"
 case "$part" in
   tests-warmup)
     scripts/gpu-check.sh tests --durations=15 tests/test_gpu_warmup.py tests/test_preload.py tests/test_gpu_typed.py \
-      tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py ;;
+      tests/test_gpu_attention.py tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py ;;
   tests-server)
     scripts/gpu-check.sh tests --durations=15 tests/test_nvml.py tests/test_gpu_monitor.py tests/test_gpu_oom.py \
       tests/test_gpu_server.py tests/test_gpu_suspend.py tests/test_adoption_safety.py ;;
@@ -47,7 +49,7 @@ case "$part" in
     # after); each group stopped before the command's 10 minutes, its log kept.
     tests() { timeout "$1" "$py" -m pytest -m gpu -v -p no:cacheprovider -o addopts="" --durations=10 "${@:3}" \
                 > "$results/gpu-tests-$2.log" 2>&1; echo "$2: $(tail -1 "$results/gpu-tests-$2.log")"; }
-    tests 400 warmup tests/test_gpu_warmup.py tests/test_preload.py tests/test_gpu_typed.py &
+    tests 400 warmup tests/test_gpu_warmup.py tests/test_preload.py tests/test_gpu_typed.py tests/test_gpu_attention.py &
     tests 400 server tests/test_gpu_threads.py tests/test_gpu_magics.py tests/test_multi_gpu.py tests/test_nvml.py \
       tests/test_gpu_monitor.py tests/test_gpu_server.py tests/test_gpu_suspend.py tests/test_adoption_safety.py &
     wait
@@ -67,6 +69,9 @@ case "$part" in
   final-training)
     "$py" benchmarks/notebooks.py --notebooks mlp_adamw,cnn_sgd,amp_gradscaler,transformer_bf16 --cases cold,idle \
       --idle 6 --repeat 3 --until 400 --json "$results/notebooks-final-training.json" ;;
+  final-attention)
+    "$py" benchmarks/notebooks.py --notebooks transformer_bf16 --cases cold,idle,reopen \
+      --idle 6 --repeat 3 --until 400 --json "$results/notebooks-final-attention.json" ;;
   final-compile)
     "$py" benchmarks/notebooks.py --notebooks compile_mlp,compile_fresh,jax_jit --cases cold,idle,restart \
       --repeat 3 --until 400 --json "$results/notebooks-final-compile.json" ;;
@@ -80,5 +85,5 @@ case "$part" in
     "$py" benchmarks/notebooks.py --notebooks mlp_adamw --cases typed \
       --repeat 3 --until 420 --json "$results/notebooks-final-typed.json" ;;
   *)
-    sed -n '2,29p' "$0"; exit 2 ;;
+    sed -n '2,31p' "$0"; exit 2 ;;
 esac

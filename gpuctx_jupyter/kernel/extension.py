@@ -8,7 +8,7 @@ import sys
 from . import kernel_view, state, suspend
 from .magics import GpuMagics
 from .state import KernelState
-from .warm import start
+from .warm import attention, start
 from .warm.import_gate import GATE
 from .warm.settings import GpuWarmup
 
@@ -47,7 +47,8 @@ def load(ip) -> KernelState:
     kernel_view.register(ip, st, on_adopt=lambda previous: start.after_adoption(st, ip, previous))
     suspend.install(ip, st)  # restores a suspended kernel before any request of the user's
     setattr(ip, state.ATTR, st)
-    st.warmer.on_plan = lambda plan: _prepare_workers(st, ip, plan)
+    st.warmer.on_plan = lambda plan: (_prepare_workers(st, ip, plan), _watch_attention(ip, plan))
+    st.warmer.cells_thread.kernel = getattr(ip, "kernel", None)
     at_start = _at_kernel_start(ip)
     if at_start:
         _let_the_notebook_load_quietly(ip)
@@ -66,6 +67,14 @@ def _prepare_workers(st: KernelState, ip, plan) -> None:
     workers = st.workers_of(ip)
     if workers is not None:  # (None: gpuctx was unloaded meanwhile)
         workers.prepare_for(plan.workers, plan.workers_where)
+
+
+def _watch_attention(ip, plan) -> None:
+    """A notebook that runs attention, and compiles none of it: note its problems on this run, for
+    the next start to build ahead (warm/attention.py)."""
+    ops = {s.op for s in plan.steps}
+    if plan.notebook and "attention" in ops and "compile" not in ops and GpuWarmup(parent=ip).attention_shapes:
+        attention.WATCH.arm(plan.notebook)
 
 
 def _at_kernel_start(ip) -> bool:
@@ -114,6 +123,7 @@ def unload(ip) -> None:
         ip.events.unregister("post_run_cell", quiet[1])
     start.unhook_kernel_info(ip)
     st.warmer.stop()  # (a step under way ends on its own; none follows it)
+    attention.WATCH.end()
     GATE.open()  # (a cell that unloads gpuctx leaves no post_run_cell to open it)
     workers = st.close_workers()
     if workers is not None:

@@ -17,6 +17,7 @@ import time
 from ..core import frameworks as fws
 from .switching import WATCHED, PostImportHook, Switcher
 from .warm import compile_guard
+from .warm.attention import WATCH
 from .warm.scheduler import Warmer
 
 log = logging.getLogger("gpuctx")
@@ -74,6 +75,7 @@ class KernelState:
         source = getattr(info, "raw_cell", "") or ""
         try:
             self.warmer.cell_started(source)
+            WATCH.before_cell()
             compile_guard.wait_for(source)  # a cell that sets what the warm-up's compile puts back
         except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import or compile
             _interrupt_the_cell()
@@ -86,6 +88,7 @@ class KernelState:
             _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
         self.cells_running, self.last_cell = max(0, self.cells_running - 1), time.monotonic()
+        WATCH.after_cell()
         try:  # what follows adds to the cell's output; it never adds an error of its own
             torch = fws.TORCH
             if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)

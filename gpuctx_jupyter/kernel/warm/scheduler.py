@@ -2,7 +2,8 @@
 
 The thread carries out a plan (`plan.py`): by default what the kernel's notebook will run first,
 or the fixed `basic` recipe; what each framework's GPU steps do is its recipe's (`recipes/`). Then
-it exits: its cuBLAS and cuDNN handles go back to torch's pools, so it leaves no extra GPU memory.
+it exits: its cuBLAS and cuDNN handles go back to torch's pools, so it leaves no extra GPU memory;
+what is kept per thread is then done in the cells' thread (cells_thread.py).
 
 A plan may be followed by another one while the thread runs (`replan`: the cells a frontend holds
 as they are typed, contract/cells.py): the thread takes it up after the batch of steps in hand, the
@@ -30,6 +31,7 @@ from ...core import frameworks as fws
 from .. import rng
 from . import plan as plans
 from . import side_threads as side
+from .cells_thread import CellsThread
 from .devices import cpu_batch, devices_of, gpu_batch, why_no_gpu_work, without_framework
 from .import_gate import GATE, imports_packages
 from .plan import Plan, Step
@@ -39,9 +41,8 @@ from .stood_still import STOOD
 log = logging.getLogger("gpuctx")
 # A cell naming one of these does its own first GPU work: the warm-up does no more (two threads would each keep handles)
 _GPU_CELL = re.compile(r"\b(?:cuda|cupy|jax|jnp|numba|on_gpu)\b|\.to\(\s*device\b|\bdevice\s*=")
-# After a kernel_info reply, the warm-up starts once the kernel has had this long without another:
-# a frontend connecting sends several (the server's nudge on shell and control, the frontend's own),
-# and an import holding the GIL must not delay the one that makes the frontend say "ready".
+# After a kernel_info reply, the warm-up starts once the kernel has had this long without another: a frontend
+# connecting sends several, and an import holding the GIL must not delay the one that makes it say "ready".
 START_GRACE_S = 0.25
 LIGHT_IDLE_S = 0.2  # after a cell: the user idle this long before a light step (one GPU op)
 HEAVY_IDLE_S = 1.0  # ... and this long before a heavy one (an import, torch._dynamo)
@@ -55,9 +56,9 @@ class Warmer:
         self.status = WarmState()
         self.plan: Plan | None = None  # what the running or last warm-up does (as_dict(), lines())
         self.import_budget = plans.IMPORT_BUDGET_S
-        # set from the turn of torch's CUDA start (the cuda_init step) until it has run: a cell or
-        # thread that starts meanwhile waits for it (torch's init lock), then takes its device
-        # (switching.py, threads.py); set under the cells' lock, so no cell starts unseen between
+        # set from the turn of torch's CUDA start (the cuda_init step) until it has run: a cell or thread that starts
+        # meanwhile waits for it (torch's init lock), then takes its device (switching.py, threads.py); set under
+        # the cells' lock, so no cell starts unseen between
         self.starting_cuda = threading.Event()
         self._stop_asked = False  # this warm-up takes no further step (stop()): `_stopped` says why
         self._stopped, self._for_good = "", False  # for good: gpuctx unloaded, no later plan starts
@@ -87,6 +88,7 @@ class Warmer:
         self.on_end = lambda: None  # called as each plan's steps have ended; never raises
         self.nice = False  # the thread yields the CPU to every other (a prepared worker's, a standby's)
         self._unniced: side.Unniced | None = None  # while it does: a thread that starts processes at the kernel's priority
+        self.cells_thread = CellsThread()  # work left to the cells' thread (its loop: set by extension.load)
 
     @property
     def running(self) -> bool:
@@ -261,8 +263,7 @@ class Warmer:
             # Let the thread exit first, so the cell's thread gets its handles from torch's pools.
             thread.join(1.0)
         if importing is not None and not importing.is_set() and imports_packages(source):
-            # The cell may need what is being imported: let that import finish first (unheld, as
-            # for a cell within a cell), rather than have it compete or meet a half-imported package.
+            # The cell may need what is being imported: let it finish first (unheld), never a half-imported package.
             GATE.open()
             self.status.cell_waits = self.status.phase
             try:  # in slices: a signal another thread received (Interrupt) is seen between them
@@ -348,6 +349,7 @@ class Warmer:
                     self._exiting, self._next, self._unniced = True, None, None
             st.phase, st.finished = "", time.monotonic()
             if current:
+                self.cells_thread.hand_over(self, threading.current_thread())
                 with self._cond:
                     if self._cell_started is not None and st.first_cell_overlap is None:
                         st.first_cell_overlap = st.finished - self._cell_started
@@ -460,6 +462,9 @@ class Warmer:
     def import_module(self, step: Step) -> None:
         self._import(step)
 
+    def in_cells_thread(self, step: Step, fn) -> None:
+        self.cells_thread.add(step, fn)  # (cells_thread.py: once this thread has exited, no cell running)
+
     def unless_cells_since(self, cells: int, fn) -> bool:
         """Run `fn` while no cell can start (a cell's start waits for it); False, without running
         it, when a cell has started since `cells` had, or one does GPU work."""
@@ -565,14 +570,14 @@ class Warmer:
                 if time.monotonic() >= self._deadline:
                     raise TimeoutError(f"still importing after the import budget ({self.import_budget:g} s); "
                                        "left to finish in the background")
-            _raise(box)
+            side.raise_from(box)
 
         if not wait:
             self._turn(step, heavy=True)
             self._background.append(done)
             self._flights[done] = time.monotonic()
 
-            side.in_background(step, lambda: (work(), _raise(box)), self.status.phases)
+            side.in_background(step, lambda: (work(), side.raise_from(box)), self.status.phases)
             return
         try:
             self._phase(step, run, heavy=True)
@@ -582,13 +587,6 @@ class Warmer:
             step.cuda = cuda_driver.touched()
             if step.cuda and self.plan is not None and not self.plan.gpu:
                 step.detail = "; ".join(x for x in (step.detail, f"it started CUDA ({step.cuda})") if x)
-
-
-def _raise(box: dict) -> None:
-    """What an import raised, if anything (a BaseException as an Exception: recorded, not fatal)."""
-    exc = box.get("exc")
-    if exc is not None:
-        raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 class _SteppedAside(Exception):

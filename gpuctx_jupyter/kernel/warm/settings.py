@@ -6,7 +6,7 @@ sets them in its own config.
 """
 from __future__ import annotations
 
-from traitlets import Enum, Float, Int, List, Unicode, default
+from traitlets import Bool, Enum, Float, Int, List, Unicode, default
 from traitlets.config import Configurable
 
 from ...contract import KERNEL_RECIPES, OPS, WarmSettings
@@ -73,6 +73,13 @@ class GpuWarmup(Configurable):
     start_within = Float(
         1.0, help="""Seconds after loading by which the warm-up starts at the latest; it starts
         earlier, right after the kernel's first kernel_info reply, so readiness is never delayed."""
+    ).tag(config=True)
+
+    attention_shapes = Bool(
+        True, help="""Note the attention problems (sizes, strides, dtypes, flags; never values) of
+        the notebook's first attention cell, kept per notebook in Jupyter's data folder
+        (gpuctx/attention/), and build them ahead on its next start: cuDNN's attention builds a graph
+        per problem on its first call. Off: F.scaled_dot_product_attention is never wrapped."""
     ).tag(config=True)
 
     device = Unicode(

@@ -63,3 +63,10 @@ class Unniced:
                 box["exc"] = exc
             finally:
                 done.set()
+
+
+def raise_from(box: dict) -> None:
+    """What an import raised, if anything (a BaseException as an Exception: recorded, not fatal)."""
+    exc = box.get("exc")
+    if exc is not None:
+        raise exc if isinstance(exc, Exception) else RuntimeError(f"{type(exc).__name__}: {exc}")

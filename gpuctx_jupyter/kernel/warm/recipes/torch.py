@@ -10,7 +10,7 @@ import sys
 from ....contract import INDUCTOR_MODULE, STANDBY
 from ....core import cuda_driver
 from ....core.frameworks import imported
-from .. import compile_guard
+from .. import attention, compile_guard
 from ..plan import Step
 from . import inductor
 
@@ -59,7 +59,8 @@ class TorchRecipe:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
                         continue
-                    run.phase(step, work[step.op], handles=step.op in HANDLE_OPS)
+                    if run.phase(step, work[step.op], handles=step.op in HANDLE_OPS) and step.op == "attention":
+                        _notebook_attention(run, step, torch, dev)
                 else:
                     step.state, step.detail = "skipped", f"unknown op {step.op!r}"
             if torch.cuda.is_initialized() and not run.user_gpu:
@@ -205,6 +206,27 @@ def _work(torch, dev, ops: set[str]) -> tuple[dict, dict]:
             "conv_bf16": conv((torch.bfloat16,)), "attention": attention, "autocast": autocast,
             "backward": backward, "grad_scaler": grad_scaler}
     return work, t
+
+
+def _notebook_attention(run, step: Step, torch, dev) -> None:
+    """The attention problems noted on the notebook's last run (warm/attention.py): forward and
+    backward here (the backward's graphs live in autograd's thread, which every thread shares),
+    then the forwards again in the cells' thread, where theirs are kept, once this one has exited."""
+    problems, left = attention.fitting(torch, dev, attention.remembered(run.plan.notebook))
+    if not problems:
+        step.detail = "; ".join(x for x in (step.detail, left) if x)
+        return
+    where = "the notebook's last run"
+    here = Step("gpu", f"attention at the notebook's own shapes ({'; '.join(map(attention.describe, problems))})",
+                where=where, op="attention_shapes", detail=left)
+    there = Step("gpu", "their forwards in the cells' thread", where=where, op="attention_cells",
+                 detail="kept per thread: run once this warm-up has exited, while no cell runs")
+    at = run.plan.steps.index(step) + 1
+    run.plan.steps[at:at] = [here, there]
+    if run.phase(here, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True):
+        run.in_cells_thread(there, attention.in_cells_thread(torch, dev, problems))
+    elif there.state == "planned":
+        there.state, there.detail = "skipped", here.detail or "the warm-up's own run of them did not happen"
 
 
 def tiny_net(torch, conv: bool):

@@ -1,0 +1,150 @@
+"""Attention at the notebook's own shapes (warm/attention.py), in real ipykernel processes started
+as the server's hook starts them: the problems of the notebook's first attention cell are kept
+for its next start (never a value), the watch ends after that cell and puts torch's function back,
+calls from other threads are not the notebook's, a compiling notebook and the setting turned off
+are never watched; work left to the cells' thread runs there, and never while a cell runs."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gpuctx_jupyter.kernel.warm import attention
+
+from .harness.kernels import run, stop
+from .harness.notebooks import notebook
+from .harness.warm_kernels import kernel, plan_of
+from .harness.waiting import wait_for
+
+IMPORTS = "import torch\nimport torch.nn.functional as F"
+BLOCK = """qkv = torch.nn.Linear(32, 96)
+x = torch.randn(3, 10, 32)
+def attend(x):
+    q, k, v = qkv(x).view(3, 10, 3, 4, 8).transpose(1, 3).unbind(2)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)"""
+TRAIN = "loss = attend(x).pow(2).mean()\nloss.backward()\nprint(round(float(loss), 6) >= 0)"
+ORIGINAL = "print(F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention)"
+
+
+def kept(data_dir) -> list[dict]:
+    folder = data_dir / "gpuctx" / "attention"
+    files = sorted(folder.glob("*.json")) if folder.exists() else []
+    return [json.loads(f.read_text()) for f in files]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "jupyter-data"
+    d.mkdir()
+    return d
+
+
+def open_kernel(tmp_path, data_dir, cells, config: str = ""):
+    (tmp_path / "work").mkdir(exist_ok=True)
+    nb = tmp_path / "work" / "attend.ipynb"
+    notebook(nb, cells)
+    km, kc = kernel(tmp_path, nb, policy="always", config=config, JUPYTER_DATA_DIR=str(data_dir))
+    plan_of(kc)  # the plan is made (the watch armed by it), the warm-up over
+    return nb, km, kc
+
+
+def ok(kc, code: str) -> str:
+    r = run(kc, code)
+    assert r.reply["status"] == "ok", r.stderr
+    return r.stdout
+
+
+def test_the_first_attention_cell_is_kept_for_the_next_start_without_a_value(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS, BLOCK, TRAIN])
+    try:
+        ok(kc, IMPORTS)
+        assert ok(kc, ORIGINAL).strip() == "False"  # watched: torch's function wrapped
+        ok(kc, BLOCK)
+        assert kept(data_dir) == []  # nothing ran attention yet
+        assert ok(kc, TRAIN).strip() == "True"  # the user's result is as without gpuctx
+        [record] = kept(data_dir)
+        assert record["notebook"] == os.path.abspath(nb)
+        [problem] = record["problems"]
+        assert problem["q"] == {"size": [3, 4, 10, 8], "stride": [960, 8, 96, 1], "dtype": "float32"}
+        assert problem["causal"] is True and problem["grad"] is True and problem["mask"] is None
+        # shapes and flags only: no number of the user's tensors is in the file
+        text = json.dumps(record)
+        values = ok(kc, "print(' '.join(f'{v:.4f}' for v in x.flatten()[:20].tolist()))").split()
+        assert not any(v in text for v in values)
+        # the watch ended with the cell: torch's own function is back, and later cells note nothing
+        assert ok(kc, ORIGINAL).strip() == "True"
+        ok(kc, "x = torch.randn(5, 10, 32)\nF.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None])")
+        assert [p["q"]["size"] for p in kept(data_dir)[0]["problems"]] == [[3, 4, 10, 8]]
+    finally:
+        stop(km, kc)
+    # the next start reads them (on a GPU it builds them: tests/test_gpu_warmup.py)
+    os.environ["JUPYTER_DATA_DIR"], saved = str(data_dir), os.environ["JUPYTER_DATA_DIR"]
+    try:
+        assert [p["q"]["size"] for p in attention.remembered(str(nb))] == [[3, 4, 10, 8]]
+        assert attention.remembered(str(nb.with_name("other.ipynb"))) == []
+    finally:
+        os.environ["JUPYTER_DATA_DIR"] = saved
+
+
+def test_calls_from_other_threads_are_not_the_notebooks(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS, BLOCK, TRAIN])
+    try:
+        ok(kc, IMPORTS)
+        ok(kc, BLOCK)
+        ok(kc, "import threading\nt = threading.Thread(target=attend, args=(x,))\nt.start(); t.join()")
+        assert kept(data_dir) == [] and ok(kc, ORIGINAL).strip() == "False"  # still watching
+        ok(kc, TRAIN)
+        assert len(kept(data_dir)) == 1
+    finally:
+        stop(km, kc)
+
+
+@pytest.mark.parametrize("why", ["compiles", "setting off"])
+def test_a_compiling_notebook_and_the_setting_off_are_never_watched(tmp_path, data_dir, why):
+    cells = [IMPORTS, BLOCK, TRAIN] + (["fast = torch.compile(attend)"] if why == "compiles" else [])
+    config = "c.GpuWarmup.attention_shapes = False\n" if why == "setting off" else ""
+    nb, km, kc = open_kernel(tmp_path, data_dir, cells, config=config)
+    try:
+        for cell in (IMPORTS, BLOCK, TRAIN):
+            ok(kc, cell)
+            assert ok(kc, ORIGINAL).strip() == "True"
+        assert kept(data_dir) == []
+    finally:
+        stop(km, kc)
+
+
+def test_an_unreadable_or_odd_record_is_no_problem_to_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path))
+    nb = str(tmp_path / "a.ipynb")
+    attention.remember(nb, [{"q": {"size": [1, 2, 3, 4], "stride": [24, 12, 4, 1], "dtype": "bfloat16"}}])
+    assert attention.remembered(nb) == []  # not a whole problem: nothing to build
+    path = attention._file(nb)
+    for text in ("{", "[]", json.dumps({"notebook": nb, "problems": "x"}),
+                 json.dumps({"notebook": "/elsewhere.ipynb", "problems": []})):
+        with open(path, "w") as fh:
+            fh.write(text)
+        assert attention.remembered(nb) == []
+
+
+# -- the cells' thread -------------------------------------------------------------------------------
+HAND_OVER = """import threading, time
+from gpuctx_jupyter.kernel.warm.plan import Step
+w = get_ipython()._gpuctx.warmer
+step, seen = Step("gpu", "probe"), []
+ended = threading.Thread(target=lambda: None); ended.start(); ended.join()
+w.cells_thread.add(step, lambda: seen.append(threading.current_thread() is threading.main_thread()))
+w.cells_thread.hand_over(w, ended)
+time.sleep(1.0)
+print(seen, step.state, step.detail)"""
+
+
+def test_work_left_to_the_cells_thread_runs_there_after_the_cell_not_during_it(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS])
+    try:
+        assert ok(kc, HAND_OVER).strip() == "[] planned", ok(kc, 'print(step.detail)')  # not while the cell runs (nor its 1 s)
+        # (asked every second: a cell's end lets the user's idle moment begin again)
+        assert wait_for(lambda: ok(kc, "print(seen, step.state)").strip() == "[True] done", timeout=30, every=1.0)
+        assert ok(kc, "print(step.seconds is not None, 'probe' in w.status.phases)").strip() == "True True"
+    finally:
+        stop(km, kc)
