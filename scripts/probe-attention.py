@@ -9,6 +9,9 @@ at a new shape B, and at A from another thread — beside the steady time. A cos
 at B is a cost per shape (a backend that builds a plan per problem); one that comes back in the
 other thread is a cost per thread. Either way, a warm-up at other shapes, or in its own thread,
 cannot pay it for the notebook (issue "Warm what the next cell needs", the bf16 transformer).
+Last, what the warm-up does with a problem the notebook's last run noted: C built forward and
+backward in a thread that then exits, then C's first call here, beside a first call at D that
+nothing built.
 """
 from __future__ import annotations
 
@@ -80,6 +83,16 @@ def main() -> None:
     worker.start()
     worker.join()
     rows["at A from another thread"] = other[0]
+    # What gpuctx's warm-up does with a notebook's noted problem (kernel/warm/attention.py): forward
+    # and backward in its own thread, which then exits; the cells' thread's first call after that,
+    # beside a first call at a shape nothing built (D), both new sequence lengths.
+    c, d = (4, 8, 96, 32), (4, 8, 160, 32)
+    builder = threading.Thread(target=lambda: other.append(call(c, dev, dtype)))
+    builder.start()
+    builder.join()
+    rows["C built in an exited thread"] = other[-1]
+    rows["then C here"] = call(c, dev, dtype)
+    rows["first call at D, nothing built"] = call(d, dev, dtype)
     rows["steady at A"] = min(call(a, dev, dtype) for _ in range(5))
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(f"scaled_dot_product_attention, causal, {str(dtype).split('.')[-1]}, torch {torch.__version__}, {name}")

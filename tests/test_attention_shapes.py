@@ -12,7 +12,7 @@ import pytest
 
 from gpuctx_jupyter.kernel.warm import attention
 
-from .harness.kernels import run, stop
+from .harness.kernels import reply_to, run, stop
 from .harness.notebooks import notebook
 from .harness.warm_kernels import kernel, plan_of
 from .harness.waiting import wait_for
@@ -68,6 +68,7 @@ def test_the_first_attention_cell_is_kept_for_the_next_start_without_a_value(tmp
         [problem] = record["problems"]
         assert problem["q"] == {"size": [3, 4, 10, 8], "stride": [960, 8, 96, 1], "dtype": "float32"}
         assert problem["causal"] is True and problem["grad"] is True and problem["mask"] is None
+        assert problem["grad_out"]["size"] == [3, 4, 10, 8]  # the gradient's layout, for the backward's graph
         # shapes and flags only: no number of the user's tensors is in the file
         text = json.dumps(record)
         values = ok(kc, "print(' '.join(f'{v:.4f}' for v in x.flatten()[:20].tolist()))").split()
@@ -85,6 +86,32 @@ def test_the_first_attention_cell_is_kept_for_the_next_start_without_a_value(tmp
         assert attention.remembered(str(nb.with_name("other.ipynb"))) == []
     finally:
         os.environ["JUPYTER_DATA_DIR"] = saved
+
+
+AS_TORCH = """import pickle
+from torch.nn.attention.bias import causal_lower_right
+q = torch.randn(2, 4, 6, 8)
+explicit = torch.ones(6, 6, dtype=torch.bool).tril()
+same = torch.allclose(F.scaled_dot_product_attention(q, q, q, attn_mask=causal_lower_right(6, 6)),
+                      F.scaled_dot_product_attention(q, q, q, attn_mask=explicit), atol=1e-6)
+kept = pickle.loads(pickle.dumps(F.scaled_dot_product_attention))
+try:
+    F.scaled_dot_product_attention(q, q)
+except TypeError as exc:
+    said = str(exc)
+print(same, torch.allclose(kept(q, q, q), F.scaled_dot_product_attention(q, q, q)), said)"""
+
+
+def test_while_watched_torchs_function_answers_as_torchs(tmp_path, data_dir):
+    """torch's own mask objects (which ask which function called them), pickling, torch's errors."""
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS, BLOCK, TRAIN])
+    try:
+        ok(kc, IMPORTS)
+        assert ok(kc, ORIGINAL).strip() == "False"  # watched
+        out = ok(kc, AS_TORCH).split(" ", 2)
+        assert out[:2] == ["True", "True"] and "missing" in out[2] and "gpuctx" not in out[2], out
+    finally:
+        stop(km, kc)
 
 
 def test_calls_from_other_threads_are_not_the_notebooks(tmp_path, data_dir):
@@ -146,5 +173,34 @@ def test_work_left_to_the_cells_thread_runs_there_after_the_cell_not_during_it(t
         # (asked every second: a cell's end lets the user's idle moment begin again)
         assert wait_for(lambda: ok(kc, "print(seen, step.state)").strip() == "[True] done", timeout=30, every=1.0)
         assert ok(kc, "print(step.seconds is not None, 'probe' in w.status.phases)").strip() == "True True"
+    finally:
+        stop(km, kc)
+
+
+HAND_OVER_TWO = """import threading, time, pathlib
+from gpuctx_jupyter.kernel.warm.plan import Step
+w = get_ipython()._gpuctx.warmer
+order, flag = [], pathlib.Path({flag!r})
+def job(name, hold):
+    def fn():
+        order.append(name)
+        flag.write_text(name)
+        time.sleep(hold)
+    return fn
+ended = threading.Thread(target=lambda: None); ended.start(); ended.join()
+w.cells_thread.add(Step("gpu", "first"), job("first", 1.0))
+w.cells_thread.add(Step("gpu", "second"), job("second", 0.0))
+w.cells_thread.hand_over(w, ended)"""
+
+
+def test_a_cell_sent_while_the_cells_thread_works_waits_for_one_job_not_all(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS])
+    flag = tmp_path / "job-started"
+    try:
+        ok(kc, HAND_OVER_TWO.format(flag=str(flag)))
+        wait_for(flag.exists, timeout=30)  # the first job runs (it holds the thread for a second)
+        reply_to(kc, kc.execute("order.append('cell')"))
+        assert wait_for(lambda: ok(kc, "print(order)").strip() == "['first', 'cell', 'second']", timeout=30,
+                        every=1.0), ok(kc, "print(order)")
     finally:
         stop(km, kc)

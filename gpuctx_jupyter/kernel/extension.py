@@ -47,7 +47,7 @@ def load(ip) -> KernelState:
     kernel_view.register(ip, st, on_adopt=lambda previous: start.after_adoption(st, ip, previous))
     suspend.install(ip, st)  # restores a suspended kernel before any request of the user's
     setattr(ip, state.ATTR, st)
-    st.warmer.on_plan = lambda plan: (_prepare_workers(st, ip, plan), _watch_attention(ip, plan))
+    st.warmer.on_plan = lambda plan: (_prepare_workers(st, ip, plan), _watch_attention(st, ip, plan))
     st.warmer.cells_thread.kernel = getattr(ip, "kernel", None)
     at_start = _at_kernel_start(ip)
     if at_start:
@@ -69,11 +69,13 @@ def _prepare_workers(st: KernelState, ip, plan) -> None:
         workers.prepare_for(plan.workers, plan.workers_where)
 
 
-def _watch_attention(ip, plan) -> None:
+def _watch_attention(st: KernelState, ip, plan) -> None:
     """A notebook that runs attention, and compiles none of it: note its problems on this run, for
-    the next start to build ahead (warm/attention.py)."""
-    ops = {s.op for s in plan.steps}
-    if plan.notebook and "attention" in ops and "compile" not in ops and GpuWarmup(parent=ip).attention_shapes:
+    the next start to build ahead (warm/attention.py). Not once gpuctx is unloaded (the warm-up's
+    thread may read its plan after that)."""
+    ops = {s.op for s in getattr(plan, "steps", ())}
+    if (getattr(plan, "notebook", "") and "attention" in ops and "compile" not in ops and state.of(ip) is st
+            and GpuWarmup(parent=ip).attention_shapes):
         attention.WATCH.arm(plan.notebook)
 
 

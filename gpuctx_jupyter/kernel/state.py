@@ -75,7 +75,7 @@ class KernelState:
         source = getattr(info, "raw_cell", "") or ""
         try:
             self.warmer.cell_started(source)
-            WATCH.before_cell()
+            _quietly(WATCH.before_cell)
             compile_guard.wait_for(source)  # a cell that sets what the warm-up's compile puts back
         except KeyboardInterrupt:  # Interrupt while the cell waited for the warm-up's import or compile
             _interrupt_the_cell()
@@ -88,7 +88,7 @@ class KernelState:
             _interrupt_the_cell(undo=True)
         self.warmer.cell_finished()
         self.cells_running, self.last_cell = max(0, self.cells_running - 1), time.monotonic()
-        WATCH.after_cell()
+        _quietly(WATCH.after_cell)
         try:  # what follows adds to the cell's output; it never adds an error of its own
             torch = fws.TORCH
             if torch.loaded() and torch.usable():  # (None: CUDA not started: nothing on a device yet)
@@ -114,6 +114,14 @@ class _Interrupted(ast.NodeTransformer):
         raised = ast.Raise(exc=ast.Name("KeyboardInterrupt", ast.Load()), cause=None)
         raised.lineno = node.body[0].lineno if node.body else 1
         return ast.fix_missing_locations(ast.Module(body=[raised], type_ignores=[]))
+
+
+def _quietly(fn) -> None:
+    """What gpuctx does around a cell never adds an error to it: logged to the kernel's stderr."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        log.warning("gpuctx: %s: %s: %s", getattr(fn, "__qualname__", fn), type(exc).__name__, exc)
 
 
 def _interrupt_the_cell(undo: bool = False) -> None:

@@ -8,25 +8,31 @@ backward's in autograd's device thread, which every thread shares. A warm-up at 
 pays none of that for the notebook. So:
 
 - while the notebook's first attention cell runs, the problems its cells' thread passes to
-  `F.scaled_dot_product_attention` are noted (sizes, strides, dtypes and flags; never a value)
-  and kept per notebook in Jupyter's data folder (`gpuctx/attention/`); then the watch ends;
+  `F.scaled_dot_product_attention` are noted — sizes, strides and dtypes of q, k, v and the mask,
+  the flags, autocast's dtype, the backend torch picks, and the layout of the output's gradient
+  (the backward's graph is built for it); never a value — and kept per notebook in Jupyter's data
+  folder (`gpuctx/attention/`); then the watch ends;
 - the next warm-up of that notebook (a restart, another day, a standby it adopts) runs each
-  problem forward and backward in the warm-up's thread, then, once that thread has exited, the
-  forward once more in the cells' thread while no cell runs (scheduler's `in_cells_thread`).
+  problem that cuDNN serves forward and backward in the warm-up's thread, then, once that thread
+  has exited, the forward once more in the cells' thread while no cell runs (cells_thread.py).
 
-The watch replaces F.scaled_dot_product_attention with a wrapper while it lasts. Calls made while
+The watch replaces F.scaled_dot_product_attention with a callable while it lasts. Calls made while
 torch compiles, or with tensors that are not plain tensors (symbolic tracing, fake tensors), pass
-straight through; TorchScript knows the wrapper as the op itself. It is put back afterwards unless
-torch.compile compiled code meanwhile (a compiled frame's guards hold the wrapper: it stays, and
-notes nothing more).
+straight through; torch's own mask objects (causal_lower_right, ...) are handed the function they
+ask for; TorchScript knows the callable as the op itself, and it pickles as torch's function. It
+is put back afterwards unless torch.compile compiled code meanwhile (a compiled frame's guards
+hold it: it stays, and notes nothing more).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import pkgutil
 import sys
+import tempfile
 import threading
 import time
 
@@ -43,7 +49,7 @@ _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"
 def _file(notebook: str) -> str:
     from jupyter_core.paths import jupyter_data_dir
 
-    key = hashlib.sha256(os.path.abspath(notebook).encode()).hexdigest()[:24]
+    key = hashlib.sha256(absolute(notebook).encode()).hexdigest()[:24]
     return os.path.join(jupyter_data_dir(), FOLDER, f"{key}.json")
 
 
@@ -56,7 +62,7 @@ def remembered(notebook: str | None) -> list[dict]:
             data = json.load(fh)
     except (OSError, ValueError):
         return []
-    if not isinstance(data, dict) or data.get("notebook") != os.path.abspath(notebook):
+    if not isinstance(data, dict) or data.get("notebook") != absolute(notebook):
         return []
     problems = data.get("problems")
     return [p for p in problems if _valid(p)][:MAX_PROBLEMS] if isinstance(problems, list) else []
@@ -65,10 +71,15 @@ def remembered(notebook: str | None) -> list[dict]:
 def remember(notebook: str, problems: list[dict]) -> None:
     path = _file(notebook)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"notebook": os.path.abspath(notebook), "saved": time.time(), "problems": problems}, fh)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=".attention-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"notebook": absolute(notebook), "saved": time.time(), "problems": problems}, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _layout(t) -> dict:
@@ -83,14 +94,18 @@ def _valid_layout(x) -> bool:
 
 def _valid(p) -> bool:
     return (isinstance(p, dict) and all(_valid_layout(p.get(k)) for k in "qkv")
-            and (p.get("mask") is None or _valid_layout(p["mask"])) and isinstance(p.get("dropout"), (int, float))
-            and isinstance(p.get("causal"), bool) and isinstance(p.get("grad"), bool)
-            and (p.get("scale") is None or isinstance(p["scale"], (int, float))) and isinstance(p.get("gqa", False), bool))
+            and all(p.get(k) is None or _valid_layout(p[k]) for k in ("mask", "grad_out"))
+            and isinstance(p.get("dropout"), (int, float)) and isinstance(p.get("causal"), bool)
+            and isinstance(p.get("grad"), bool) and (p.get("scale") is None or isinstance(p["scale"], (int, float)))
+            and isinstance(p.get("gqa", False), bool)
+            and all(p.get(k) is None or (isinstance(p[k], str) and p[k].isidentifier()) for k in ("autocast", "backend")))
 
 
 def problem_of(torch, args: tuple, kwargs: dict) -> dict | None:
     """The problem of one call, or None where it is not one of plain tensors (a proxy of symbolic
-    tracing, a fake or functional tensor) or not of the kind the wrapper knows."""
+    tracing, a fake or functional tensor, a mask object) or has an argument the wrapper does not know."""
+    if len(args) > len(_ARGS) or any(k not in _ARGS for k in kwargs):
+        return None
     call = dict(zip(_ARGS, args))
     call.update(kwargs)
     q, k, v, mask = call.get("query"), call.get("key"), call.get("value"), call.get("attn_mask")
@@ -99,18 +114,81 @@ def problem_of(torch, args: tuple, kwargs: dict) -> dict | None:
     dropout, scale = call.get("dropout_p", 0.0), call.get("scale")
     if not isinstance(dropout, (int, float)) or not (scale is None or isinstance(scale, (int, float))):
         return None
+    causal, gqa, autocast = bool(call.get("is_causal", False)), bool(call.get("enable_gqa", False)), _autocast(torch, q)
     return {"q": _layout(q), "k": _layout(k), "v": _layout(v), "mask": None if mask is None else _layout(mask),
-            "dropout": float(dropout), "causal": bool(call.get("is_causal", False)), "scale": scale,
-            "gqa": bool(call.get("enable_gqa", False)), "device": q.device.type,
-            "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))}
+            "dropout": float(dropout), "causal": causal, "scale": scale, "gqa": gqa, "device": q.device.type,
+            "autocast": autocast, "grad": torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)),
+            "backend": None if autocast else _backend(torch, q, k, v, mask, float(dropout), causal, scale, gqa)}
+
+
+def _backend(torch, q, k, v, mask, dropout: float, causal: bool, scale, gqa: bool) -> str | None:
+    """The backend torch picks for this call (cuDNN's is the one that builds per problem); None
+    where it cannot be asked."""
+    try:
+        from torch.nn.attention import SDPBackend
+
+        extra = {"enable_gqa": True} if gqa else {}
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, mask, dropout, causal, scale=scale, **extra)).name
+    except Exception:  # noqa: BLE001 — a private call of torch's: unknown is no reason not to warm
+        return None
+
+
+def _autocast(torch, q) -> str | None:
+    """The dtype autocast casts attention's inputs to, where it is on for q's device (else None)."""
+    try:
+        on = torch.is_autocast_enabled(q.device.type)
+        return str(torch.get_autocast_dtype(q.device.type)).rsplit(".", 1)[-1] if on else None
+    except (TypeError, AttributeError, RuntimeError):  # an older torch: autocast's CUDA calls only
+        return None
 
 
 def describe(problem: dict) -> str:
     """`4×8×64×32 bfloat16, causal` as a step says it."""
     q = problem["q"]
     flags = [f for f, on in (("causal", problem["causal"]), ("masked", problem.get("mask") is not None),
-                             (f"dropout {problem['dropout']:g}", problem["dropout"] > 0)) if on]
+                             (f"dropout {problem['dropout']:g}", problem["dropout"] > 0),
+                             (f"autocast {problem.get('autocast')}", problem.get("autocast"))) if on]
     return "×".join(map(str, q["size"])) + f" {q['dtype']}" + (", " + ", ".join(flags) if flags else "")
+
+
+def _bias_class():
+    """torch's own attention-mask objects (causal_upper_left/lower_right), where torch has them."""
+    return getattr(sys.modules.get("torch.nn.attention.bias"), "CausalBias", None)
+
+
+class _Noting:
+    """F.scaled_dot_product_attention while a watch lasts: notes, then calls torch's function.
+    A callable object rather than a function: it pickles as torch's function (a model that kept a
+    reference to it still pickles), and tracebacks in IPython skip it."""
+
+    def __init__(self, watch, torch, original):
+        self.watch, self.torch, self.__wrapped__ = watch, torch, original
+        self.__name__ = self.__qualname__ = "scaled_dot_product_attention"
+        self.__doc__ = original.__doc__
+        self._compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        self._main = threading.main_thread()
+
+    def __call__(self, *args, **kwargs):
+        __tracebackhide__ = True  # noqa: F841 — IPython shows the user's call, not this frame
+        original = self.__wrapped__
+        if self._compiling():
+            return original(*args, **kwargs)
+        mask = kwargs["attn_mask"] if "attn_mask" in kwargs else args[3] if len(args) > 3 else None
+        bias = _bias_class()
+        if bias is not None and isinstance(mask, bias):  # it asks which function called it: the one in F now
+            return self.torch.overrides.handle_torch_function(
+                self.torch.nn.functional.scaled_dot_product_attention, (mask,), *args, **kwargs)
+        noted = self.watch.note(args, kwargs) if threading.current_thread() is self._main else None
+        out = original(*args, **kwargs)
+        if noted is not None and noted.get("grad") and getattr(out, "requires_grad", False):
+            out.register_hook(lambda grad: noted.setdefault("grad_out", _layout(grad)) and None)
+        return out
+
+    def __reduce__(self):
+        return pkgutil.resolve_name, ("torch.nn.functional:scaled_dot_product_attention",)
+
+    def __repr__(self):
+        return f"<gpuctx noting {self.__wrapped__!r}>"
 
 
 # -- watching a run -----------------------------------------------------------------------------------
@@ -118,9 +196,11 @@ class Watch:
     """Notes the attention problems of the notebook's first attention cell (see the module's doc)."""
 
     def __init__(self):
-        self.notebook: str | None = None  # armed for this notebook
+        self.notebook: str | None = None  # armed for this notebook (its absolute path)
         self.noted: list[dict] = []
+        self._keys: set[str] = set()
         self._torch = self._original = self._wrapper = None
+        self._device = "cuda"  # the kind of device whose problems are noted: the GPU's, or the CPU's without one
         self._frames = 0  # torch.compile's frames when the wrapper went in
         self._cells = 0  # cells since then
         self._noted_in_cell = False
@@ -134,7 +214,7 @@ class Watch:
     def arm(self, notebook: str | None) -> None:
         """Watch this notebook's run, from the next cell on once torch is imported."""
         if notebook and self.notebook is None:
-            self.notebook = notebook
+            self.notebook = absolute(notebook)
             self.install()
 
     def install(self) -> bool:
@@ -148,52 +228,51 @@ class Watch:
             if original is None:
                 return False
             self._torch, self._original = torch, original
-            compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
-            main = threading.main_thread()
-
-            def scaled_dot_product_attention(*args, **kwargs):
-                if not compiling() and self._wrapper is not None and threading.current_thread() is main:
-                    self._note(args, kwargs)
-                return original(*args, **kwargs)
-
-            scaled_dot_product_attention.__doc__ = original.__doc__
-            scaled_dot_product_attention.__wrapped__ = original
+            self._device = "cuda" if torch.cuda.is_available() else "cpu"
+            wrapper = _Noting(self, torch, original)
+            _EVER.append(wrapper)  # (TorchScript's table keys on its id: never reused by another object)
             try:  # TorchScript: the wrapper is the op (a scripted function calling it compiles as before)
                 from torch.jit import _builtins
 
-                _builtins._register_builtin(scaled_dot_product_attention, "aten::scaled_dot_product_attention")
+                _builtins._register_builtin(wrapper, "aten::scaled_dot_product_attention")
             except Exception:  # noqa: BLE001 — an older or newer torch: scripting such code fails as it says
                 pass
-            self._wrapper, self._frames, self._cells = scaled_dot_product_attention, _compiled_frames(), 0
-            F.scaled_dot_product_attention = scaled_dot_product_attention
+            self._wrapper, self._frames, self._cells = wrapper, _compiled_frames(), 0
+            F.scaled_dot_product_attention = wrapper
             return True
 
-    def _note(self, args, kwargs) -> None:
-        if self.quiet or len(self.noted) >= MAX_PROBLEMS:
-            return
+    def note(self, args, kwargs) -> dict | None:
+        """Note a call of the cells' thread; the problem as noted (None: not noted)."""
+        if self.quiet or self._wrapper is None or len(self.noted) >= MAX_PROBLEMS:
+            return None
         try:
             problem = problem_of(self._torch, args, kwargs)
         except Exception:  # noqa: BLE001 — noting never fails the user's call
-            return
-        if problem is not None and problem not in self.noted:
-            self.noted.append(problem)
-            self._noted_in_cell = True
+            return None
+        if problem is None or problem["device"] != self._device:
+            return None
+        key = json.dumps(problem, sort_keys=True)
+        if key in self._keys:
+            return None
+        self._keys.add(key)
+        self.noted.append(problem)
+        self._noted_in_cell = True
+        return problem
 
     def before_cell(self) -> None:
         if self.notebook is not None and self._torch is None and "torch" in sys.modules:
             self.install()
 
     def after_cell(self) -> None:
-        """A cell ended: once it noted problems, keep them and end the watch."""
+        """A cell ended: once it noted problems, keep them (in a thread of its own: a slow home
+        folder never holds up the kernel) and end the watch."""
         if self._wrapper is None:
             return
         self._cells += 1
         noted, self._noted_in_cell = self._noted_in_cell, False
         if noted:
-            try:
-                remember(self.notebook, list(self.noted))
-            except OSError as exc:
-                log.info("gpuctx: attention shapes not kept (%s): the next start warms them as today", exc)
+            notebook, problems = self.notebook, [dict(p) for p in self.noted]
+            threading.Thread(target=_keep, args=(notebook, problems), name="gpuctx-attention", daemon=True).start()
         if noted or self._cells >= MAX_CELLS:
             self.end()
 
@@ -212,6 +291,13 @@ class Watch:
         return self._original if self._original is not None else torch.nn.functional.scaled_dot_product_attention
 
 
+def _keep(notebook: str, problems: list[dict]) -> None:
+    try:
+        remember(notebook, problems)
+    except (OSError, ValueError, TypeError) as exc:
+        log.info("gpuctx: attention shapes not kept (%s): the next start warms attention as before", exc)
+
+
 def _compiled_frames() -> int:
     counters = getattr(sys.modules.get("torch._dynamo.utils"), "counters", None)
     try:
@@ -220,14 +306,25 @@ def _compiled_frames() -> int:
         return 0
 
 
+_EVER: list = []
+_START_DIR = os.getcwd()  # the kernel's: a notebook's relative path is read against it, whatever %cd did since
+
+
+def absolute(notebook: str) -> str:
+    return os.path.normpath(os.path.join(_START_DIR, os.path.expanduser(notebook)))
+
+
 WATCH = Watch()
 
 
 # -- building ahead -------------------------------------------------------------------------------------
+PER_PROBLEM = "CUDNN_ATTENTION"  # the backend that builds per problem: the others have nothing to build ahead
+
+
 def nbytes(problem: dict) -> int:
     sizes = {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
     total = 0
-    for key in ("q", "k", "v", "mask"):
+    for key in ("q", "k", "v", "mask", "grad_out"):
         lay = problem.get(key)
         if lay:
             span = 1 + sum((s - 1) * st for s, st in zip(lay["size"], lay["stride"]) if s)
@@ -236,8 +333,9 @@ def nbytes(problem: dict) -> int:
 
 
 def run(torch, dev, problem: dict, backward: bool) -> None:
-    """One call at the problem's sizes, strides and flags on `dev` (zeros: values do not matter
-    to which graph is built); its backward too where the notebook's needed one and `backward`."""
+    """One call at the problem's sizes, strides and flags on `dev` (zeros: values do not matter to
+    which graph is built), under autocast where the notebook's was; its backward too where the
+    notebook ran one (with the gradient laid out as the notebook's was) and `backward`."""
     def tensor(lay, grad=False):
         t = torch.empty_strided(lay["size"], lay["stride"], dtype=getattr(torch, lay["dtype"]), device=dev)
         t.zero_() if t.dtype != torch.bool else t.fill_(True)
@@ -247,35 +345,40 @@ def run(torch, dev, problem: dict, backward: bool) -> None:
     q, k, v = (tensor(problem[key], problem["grad"]) for key in "qkv")
     mask = tensor(problem["mask"]) if problem.get("mask") else None
     extra = {"enable_gqa": True} if problem.get("gqa") else {}
-    with torch.set_grad_enabled(problem["grad"]):
+    cast = problem.get("autocast")
+    autocast = torch.autocast(dev.type, dtype=getattr(torch, cast)) if cast else contextlib.nullcontext()
+    with torch.set_grad_enabled(problem["grad"]), autocast:
         out = WATCH.original(torch)(q, k, v, attn_mask=mask, dropout_p=problem["dropout"], is_causal=problem["causal"],
                                     scale=problem["scale"], **extra)
-        if problem["grad"] and backward:
-            out.backward(torch.zeros_like(out))
+    if problem["grad"] and backward and problem.get("grad_out"):
+        out.backward(tensor(problem["grad_out"]))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
 
 
 def fitting(torch, dev, problems: list[dict]) -> tuple[list[dict], str]:
-    """The problems worth building on `dev` (its kind of device, within MAX_BYTES and a quarter of
-    the free memory), and what was left out, said in words."""
+    """The problems worth building on `dev` (its kind of device, a backend that builds per problem,
+    within MAX_BYTES and a quarter of the free memory), and what was left out, said in words."""
     free = torch.cuda.mem_get_info(dev)[0] if dev.type == "cuda" else MAX_BYTES
-    keep = [p for p in problems if p.get("device", "cuda") == dev.type and nbytes(p) <= min(MAX_BYTES, free // 4)]
-    left = len(problems) - len(keep)
-    return keep, f"{left} too large or for another kind of device, not built" if left else ""
+    keep, left = [], []
+    for p in problems:
+        why = ("for another kind of device" if p.get("device", "cuda") != dev.type
+               else f"{p['backend'].lower()} builds nothing per shape" if p.get("backend") not in (None, PER_PROBLEM)
+               else "too large" if nbytes(p) > min(MAX_BYTES, free // 4) else "")
+        (left if why else keep).append(why or p)
+    return keep, f"not built: {'; '.join(sorted(set(left)))} ({len(left)} of {len(problems)})" if left else ""
 
 
-def in_cells_thread(torch, dev, problems: list[dict]):
-    """What the cells' thread runs: each forward, not noted as the notebook's own; the allocator's
-    cache given back after it unless the cells had cached blocks of their own."""
-    def forwards():
+def in_cells_thread(torch, dev, problem: dict):
+    """What the cells' thread runs: the problem's forward, not noted as the notebook's own; the
+    allocator's cache given back after it unless the cells had cached blocks of their own."""
+    def forward():
         had = dev.type == "cuda" and torch.cuda.memory_reserved(dev) > 0
         WATCH.quiet = True
         try:
-            for problem in problems:
-                run(torch, dev, problem, backward=False)
+            run(torch, dev, problem, backward=False)
         finally:
             WATCH.quiet = False
             if dev.type == "cuda" and not had:
                 torch.cuda.empty_cache()
-    return forwards
+    return forward

@@ -4,19 +4,23 @@ Some of what a first GPU cell pays is kept per thread (cuDNN's attention forward
 problem on an H200, warm/attention.py), so the warm-up's thread cannot pay it for the cells. Such
 work runs on the kernel's event loop, in the cells' thread, once the warm-up's thread has exited
 (its library handles back in torch's pools, for this thread to take): only while no cell runs, the
-user idle a moment, and before the user's own first GPU cell; else it is skipped, saying why. A cell
-sent meanwhile waits for the work in hand (tens of ms), never for more.
+user idle a moment, and before the user's own first GPU cell; else it is skipped, saying why. One
+job per turn of the loop: a cell sent meanwhile waits for the job in hand (tens of ms), never more.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 GIVE_UP_S = 120.0  # a kernel busy with cells this long after the warm-up: the cells did it themselves
+BETWEEN_S = 0.05  # between two jobs: a cell sent meanwhile starts first
 
 
 class CellsThread:
     def __init__(self):
         self.kernel = None  # the ipykernel, set when gpuctx loads (its io_loop: once the kernel has started)
+        self.idle = threading.Event()  # clear while a job runs (a suspend waits for it: Warmer.stop)
+        self.idle.set()
         self._jobs: list = []  # (step, fn)
 
     def add(self, step, fn) -> None:
@@ -28,34 +32,53 @@ class CellsThread:
         if not jobs:
             return
         loop = getattr(self.kernel, "io_loop", None)
-        if loop is None:
-            _skip(jobs, "no event loop of a kernel to run it in (not an ipykernel)")
-            return
         give_up = time.monotonic() + GIVE_UP_S
 
         def attempt():
             thread.join(1.0)
+            while jobs and jobs[0][0].state != "planned":  # (skipped meanwhile: the warm-up stepped aside)
+                jobs.pop(0)
+            if not jobs:
+                return
             with warmer._cond:
                 why = _why_not(warmer, thread, give_up)
                 wait = None if why is not None else _wait(warmer)
                 cells = warmer._cells_started
+                if why is None and not wait:
+                    self.idle.clear()  # (under the lock Warmer.stop takes: a suspend sees it)
             if why is not None:
                 _skip(jobs, why)
-            elif wait > 0:
-                loop.call_later(wait, attempt)
-            else:
-                for step, fn in jobs:  # (a step records its time and state, restores the RNG, never raises)
-                    warmer._run_step(step, fn, cells)
-                    if step.state == "failed":
-                        _skip([j for j in jobs if j[0].state == "planned"], "an earlier one failed")
-                        break
+            elif wait:
+                _later(loop, wait, attempt, jobs)
+            else:  # one job per turn: the loop takes a request that came meanwhile before the next
+                step, fn = jobs.pop(0)
+                try:
+                    warmer._run_step(step, fn, cells)  # (it records the step's time and state, restores the RNG)
+                except Exception as exc:  # noqa: BLE001 — never into the kernel's event loop
+                    step.state, step.detail = "skipped", f"{type(exc).__name__}: {exc}"
+                finally:
+                    self.idle.set()
+                if step.state == "failed":
+                    _skip(jobs, "an earlier one failed")
+                elif jobs:
+                    _later(loop, BETWEEN_S, attempt, jobs)
 
-        loop.add_callback(attempt)
+        if loop is None:
+            _skip(jobs, "no event loop of a kernel to run it in (not an ipykernel)")
+        else:
+            _later(loop, 0.0, attempt, jobs)
+
+
+def _later(loop, delay: float, fn, jobs) -> None:
+    try:
+        loop.call_later(delay, fn)
+    except RuntimeError as exc:  # the loop is closed: the kernel is shutting down
+        _skip(jobs, f"the kernel's event loop is gone ({exc})")
 
 
 def _why_not(warmer, thread, give_up: float) -> str | None:
-    if warmer._stop_asked:
-        return warmer._stopped or "the warm-up was stopped"
+    if warmer._stop_asked or warmer.held():
+        return warmer._stopped or "the kernel is being suspended"
     if warmer._user_gpu:
         return "your own GPU cell started first"
     if thread.is_alive():
@@ -69,7 +92,9 @@ def _wait(warmer) -> float:
     """Seconds until the cells' thread may take it (0: now)."""
     from .scheduler import LIGHT_IDLE_S
 
-    if warmer._cells:  # (an async cell awaiting: the loop runs callbacks while that cell is not over)
+    # a cell running (an async one awaiting: the loop runs callbacks meanwhile), or a later warm-up's
+    # thread (a plan of typed cells): its handles would be a second set
+    if warmer._cells or warmer.running:
         return LIGHT_IDLE_S
     idle = LIGHT_IDLE_S if warmer._last_cell_end is None else time.monotonic() - warmer._last_cell_end
     return max(0.0, LIGHT_IDLE_S - idle)

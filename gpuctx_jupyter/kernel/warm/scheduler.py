@@ -191,9 +191,10 @@ class Warmer:
             thread.join(wait)
         now = time.monotonic()
         flights = [d for d, began in list(self._flights.items()) if now - began < self.import_budget]
-        for done in flights:
+        for done in [*flights, self.cells_thread.idle]:
             done.wait(max(0.0, end - time.monotonic()))
-        quiet = not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
+        quiet = (not (thread is not None and thread.is_alive()) and all(d.is_set() for d in flights)
+                 and self.cells_thread.idle.is_set())
         if not quiet and not for_good:
             with self._cond:
                 self._stop_asked = self._for_good

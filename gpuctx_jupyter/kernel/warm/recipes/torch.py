@@ -219,14 +219,17 @@ def _notebook_attention(run, step: Step, torch, dev) -> None:
     where = "the notebook's last run"
     here = Step("gpu", f"attention at the notebook's own shapes ({'; '.join(map(attention.describe, problems))})",
                 where=where, op="attention_shapes", detail=left)
-    there = Step("gpu", "their forwards in the cells' thread", where=where, op="attention_cells",
-                 detail="kept per thread: run once this warm-up has exited, while no cell runs")
+    there = [Step("gpu", f"its forward in the cells' thread ({attention.describe(p)})", where=where,
+                  op="attention_cells", detail="kept per thread: once this warm-up has exited, while no cell runs")
+             for p in problems]
     at = run.plan.steps.index(step) + 1
-    run.plan.steps[at:at] = [here, there]
-    if run.phase(here, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True):
-        run.in_cells_thread(there, attention.in_cells_thread(torch, dev, problems))
-    elif there.state == "planned":
-        there.state, there.detail = "skipped", here.detail or "the warm-up's own run of them did not happen"
+    run.plan.steps[at:at] = [here, *there]
+    ran = run.phase(here, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True)
+    for later, problem in zip(there, problems):
+        if ran:
+            run.in_cells_thread(later, attention.in_cells_thread(torch, dev, problem))
+        elif later.state == "planned":
+            later.state, later.detail = "skipped", here.detail or "the warm-up's own run of it did not happen"
 
 
 def tiny_net(torch, conv: bool):
