@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from ...contract import DEFAULT_OPS, INDUCTOR_MODULE, NOTEBOOK_FRAMEWORKS
+from . import attention
 
 if TYPE_CHECKING:  # (the reader is imported by the warm-up thread, which reads the notebook: not at load)
     from ...contract.notebook import Event, Facts
@@ -553,6 +554,10 @@ def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
     for op in _ordered(wanted):
         where, code = wanted[op]
         _torch_op(plan, op, where, code)
+    noted = attention.remembered(plan.notebook) if "attention" in wanted else []
+    if noted:  # (recipes/torch.py builds them; warm/attention.py noted them)
+        plan.add(Step("gpu", f"attention at the notebook's own shapes ({'; '.join(map(attention.describe, noted))})",
+                      where="the notebook's last run", op="attention_shapes", framework="torch"))
     if "training" in signals:
         step = next(s for s in plan.steps if s.op == "optimizer")
         step.names = tuple(name for name in OPTIMIZERS if name in signals) or tuple(OPTIMIZERS)

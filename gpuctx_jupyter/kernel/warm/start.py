@@ -12,8 +12,8 @@ from ...contract import (DEFAULT_OPS, INDUCTOR_MODULE, SERVER_HOOK, SESSION, STA
 from ...core import inventory
 from ...core.devices import SpecError, parse_spec
 from ..switching import Choice
+from . import attention, settle
 from . import plan as plans
-from . import settle
 from .settings import GpuWarmup
 
 if TYPE_CHECKING:
@@ -139,11 +139,27 @@ def after_adoption(state, shell, previous: str | None) -> bool:
     path = os.environ.get(SESSION)
     worker_zygote.after_adoption(path)
     cfg = GpuWarmup(parent=shell)
-    if not path or path == previous or cfg.recipe != "notebook" or _off(cfg):
+    if not path or cfg.recipe != "notebook" or _off(cfg):
         return False
+    if path == previous:
+        return _noted_since(state, cfg, path)
     # (under auto the notebook is read by the warm-up thread: not by the hand-over, which an open waits for)
     make_plan = _if_wanted(cfg, path) if cfg.policy == "auto" else planner(cfg, path)
     state.warmer.start_after(make_plan, source="the warm pool, for this notebook")
+    return True
+
+
+def _noted_since(state, cfg: GpuWarmup, path: str) -> bool:
+    """A restart reserve warmed before its notebook's first attention cell had run: build what that
+    cell noted (warm/attention.py), the rest of its plan kept as done (typed.merge)."""
+    plan = state.warmer.plan
+    if plan is None or not any(s.op == "attention" for s in plan.steps) or any(
+            s.op == "attention_shapes" for s in plan.steps) or not attention.remembered(path):
+        return False
+    from .typed import merge  # (typed.py builds on this module)
+
+    make = planner(cfg, path)
+    state.warmer.replan(lambda previous: merge(make(), previous), "the attention its notebook ran since it was warmed")
     return True
 
 

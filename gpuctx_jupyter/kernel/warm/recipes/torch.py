@@ -17,7 +17,7 @@ from . import inductor
 # Ops after which this thread holds cuBLAS/cuDNN handles of its own: while it lives, a user's
 # thread doing the same gets a second set (~100 MiB); once it exits, they go back to torch's pools.
 HANDLE_OPS = {"matmul_fp32", "matmul_bf16", "matmul_fp16", "conv", "conv_bf16", "attention", "autocast", "backward",
-              "grad_scaler", "optimizer"}
+              "grad_scaler", "optimizer", "attention_shapes"}
 
 
 class TorchRecipe:
@@ -55,12 +55,13 @@ class TorchRecipe:
                     compiled = run.phase(step, functools.partial(compile_tiny, torch, dev), heavy=True, handles=True)
                     if workers is not None:
                         _through_workers(run, workers, torch, dev, compiled)
+                elif step.op == "attention_shapes":
+                    _notebook_attention(run, step, torch, dev)
                 elif step.op in work:
                     if step.op != "cuda_init" and not torch.cuda.is_initialized():
                         step.state, step.detail = "skipped", "CUDA did not start"
                         continue
-                    if run.phase(step, work[step.op], handles=step.op in HANDLE_OPS) and step.op == "attention":
-                        _notebook_attention(run, step, torch, dev)
+                    run.phase(step, work[step.op], handles=step.op in HANDLE_OPS)
                 else:
                     step.state, step.detail = "skipped", f"unknown op {step.op!r}"
             if torch.cuda.is_initialized() and not run.user_gpu:
@@ -211,25 +212,26 @@ def _work(torch, dev, ops: set[str]) -> tuple[dict, dict]:
 def _notebook_attention(run, step: Step, torch, dev) -> None:
     """The attention problems noted on the notebook's last run (warm/attention.py): forward and
     backward here (the backward's graphs live in autograd's thread, which every thread shares),
-    then the forwards again in the cells' thread, where theirs are kept, once this one has exited."""
-    problems, left = attention.fitting(torch, dev, attention.remembered(run.plan.notebook))
-    if not problems:
-        step.detail = "; ".join(x for x in (step.detail, left) if x)
+    then each forward again in the cells' thread, where its graph is kept, once this one has exited."""
+    if not torch.cuda.is_initialized():
+        step.state, step.detail = "skipped", "CUDA did not start"
         return
-    where = "the notebook's last run"
-    here = Step("gpu", f"attention at the notebook's own shapes ({'; '.join(map(attention.describe, problems))})",
-                where=where, op="attention_shapes", detail=left)
-    there = [Step("gpu", f"its forward in the cells' thread ({attention.describe(p)})", where=where,
-                  op="attention_cells", detail="kept per thread: once this warm-up has exited, while no cell runs")
-             for p in problems]
+    problems, left = attention.fitting(torch, dev, attention.remembered(run.plan.notebook))
+    step.detail = left
+    if not problems:
+        step.state = "skipped"
+        return
+    there = [Step("gpu", f"its forward in the cells' thread ({attention.describe(p)})", where=step.where,
+                  op="attention_cells", framework="torch",
+                  detail="kept per thread: once this warm-up has exited, while no cell runs") for p in problems]
     at = run.plan.steps.index(step) + 1
-    run.plan.steps[at:at] = [here, *there]
-    ran = run.phase(here, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True)
+    run.plan.steps[at:at] = there
+    ran = run.phase(step, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True)
     for later, problem in zip(there, problems):
         if ran:
             run.in_cells_thread(later, attention.in_cells_thread(torch, dev, problem))
         elif later.state == "planned":
-            later.state, later.detail = "skipped", here.detail or "the warm-up's own run of it did not happen"
+            later.state, later.detail = "skipped", step.detail or "the warm-up's own run of it did not happen"
 
 
 def tiny_net(torch, conv: bool):
