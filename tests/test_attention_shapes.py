@@ -210,3 +210,28 @@ def test_a_cell_sent_while_the_cells_thread_works_waits_for_one_job_not_all(tmp_
                         every=1.0), ok(kc, "print(order)")
     finally:
         stop(km, kc)
+
+
+ASKS = """import torch
+cuda_asked = []
+def _asking(name, fn):
+    def asked(*args, **kwargs):
+        cuda_asked.append(name)
+        return fn(*args, **kwargs)
+    return asked
+for _name in ("is_available", "device_count", "init", "_lazy_init"):
+    setattr(torch.cuda, _name, _asking(_name, getattr(torch.cuda, _name)))"""
+
+
+def test_noting_never_asks_cuda(tmp_path, data_dir):
+    """CUDA's driver, once started, keeps the environment of then: a notebook may set
+    CUDA_VISIBLE_DEVICES after `import torch`, so watching its attention must not ask CUDA anything."""
+    config = f"c.InteractiveShellApp.exec_lines = [{ASKS!r}]\n"
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS, BLOCK, TRAIN], config=config)
+    try:
+        for cell in (IMPORTS, BLOCK, TRAIN):
+            ok(kc, cell)
+        assert len(kept(data_dir)) == 1  # noted, and the watch over
+        assert ok(kc, "print(cuda_asked)").strip() == "[]"
+    finally:
+        stop(km, kc)

@@ -200,7 +200,7 @@ class Watch:
         self.noted: list[dict] = []
         self._keys: set[str] = set()
         self._torch = self._original = self._wrapper = None
-        self._device = "cuda"  # the kind of device whose problems are noted: the GPU's, or the CPU's without one
+        self._gpu: bool | None = None  # a GPU is visible (NVML, never CUDA: asked once, when a CPU problem is noted)
         self._frames = 0  # torch.compile's frames when the wrapper went in
         self._cells = 0  # cells since then
         self._noted_in_cell = False
@@ -228,7 +228,6 @@ class Watch:
             if original is None:
                 return False
             self._torch, self._original = torch, original
-            self._device = "cuda" if torch.cuda.is_available() else "cpu"
             wrapper = _Noting(self, torch, original)
             _EVER.append(wrapper)  # (TorchScript's table keys on its id: never reused by another object)
             try:  # TorchScript: the wrapper is the op (a scripted function calling it compiles as before)
@@ -249,15 +248,29 @@ class Watch:
             problem = problem_of(self._torch, args, kwargs)
         except Exception:  # noqa: BLE001 — noting never fails the user's call
             return None
-        if problem is None or problem["device"] != self._device:
+        if problem is None:
             return None
         key = json.dumps(problem, sort_keys=True)
         if key in self._keys:
             return None
         self._keys.add(key)
         self.noted.append(problem)
-        self._noted_in_cell = True
+        # the watch ends after a cell with a problem of the GPU's (the CPU's where none is visible):
+        # a first cell that tries a model on the CPU is not what the GPU's first step will build
+        self._noted_in_cell |= problem["device"] == "cuda" or not self._gpu_visible()
         return problem
+
+    def _gpu_visible(self) -> bool:
+        """Whether NVML sees a GPU. Never torch.cuda.is_available(): it would start CUDA's driver
+        with the environment of now, and a notebook may set CUDA_VISIBLE_DEVICES after `import torch`."""
+        if self._gpu is None:
+            try:
+                from ...core import inventory
+
+                self._gpu = bool(inventory.take().devices)
+            except Exception:  # noqa: BLE001
+                self._gpu = False
+        return self._gpu
 
     def before_cell(self) -> None:
         if self.notebook is not None and self._torch is None and "torch" in sys.modules:
