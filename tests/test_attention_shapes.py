@@ -235,3 +235,38 @@ def test_noting_never_asks_cuda(tmp_path, data_dir):
         assert ok(kc, "print(cuda_asked)").strip() == "[]"
     finally:
         stop(km, kc)
+
+
+FROM_A_THREAD = """import threading, time, pathlib
+from gpuctx_jupyter.kernel.warm.plan import Step
+w = get_ipython()._gpuctx.warmer
+done, step = pathlib.Path({flag!r}), Step("cells", "probe")
+def warm_up_thread():  # as the warm-up's thread does as it ends: after the cell, with nothing sent since
+    time.sleep(0.5)
+    w.cells_thread.add(step, lambda: done.write_text(str(threading.current_thread() is threading.main_thread())))
+    w.cells_thread.hand_over(w, threading.current_thread())
+threading.Thread(target=warm_up_thread).start()"""
+
+
+def test_work_handed_over_from_the_warm_up_thread_runs_with_no_message_to_wake_the_kernel(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS])
+    done = tmp_path / "ran"
+    try:
+        ok(kc, FROM_A_THREAD.format(flag=str(done)))
+        wait_for(done.exists, timeout=30)  # no cell, no request: the kernel's event loop woke for it
+        assert done.read_text() == "True"
+    finally:
+        stop(km, kc)
+
+
+def test_work_left_to_the_cells_thread_is_given_up_for_the_users_own_gpu_cell(tmp_path, data_dir):
+    nb, km, kc = open_kernel(tmp_path, data_dir, [IMPORTS])
+    try:
+        first = kc.execute(HAND_OVER.replace("time.sleep(1.0)\n", ""))
+        gpu_cell = kc.execute("# the user's first GPU cell\ndevice = 'cuda'")  # sent at once, as Run All does
+        for msg_id in (first, gpu_cell):
+            assert reply_to(kc, msg_id)["content"]["status"] == "ok"
+        assert wait_for(lambda: ok(kc, "print(seen, step.state, step.detail)").strip()
+                        == "[] skipped your own GPU cell started first", timeout=30, every=1.0)
+    finally:
+        stop(km, kc)

@@ -199,6 +199,7 @@ class Watch:
         self.notebook: str | None = None  # armed for this notebook (its absolute path)
         self.noted: list[dict] = []
         self._keys: set[str] = set()
+        self._seen: set = set()  # calls seen, by a key that is cheap to make (the same call again costs ~1 µs)
         self._torch = self._original = self._wrapper = None
         self._gpu: bool | None = None  # a GPU is visible (NVML, never CUDA: asked once, when a CPU problem is noted)
         self._frames = 0  # torch.compile's frames when the wrapper went in
@@ -244,6 +245,13 @@ class Watch:
         """Note a call of the cells' thread; the problem as noted (None: not noted)."""
         if self.quiet or self._wrapper is None or len(self.noted) >= MAX_PROBLEMS:
             return None
+        try:
+            seen = _seen_key(self._torch, args, kwargs)
+            if seen in self._seen:
+                return None
+            self._seen.add(seen)
+        except TypeError:  # (something unhashable among the arguments: the full key decides)
+            pass
         try:
             problem = problem_of(self._torch, args, kwargs)
         except Exception:  # noqa: BLE001 — noting never fails the user's call
@@ -302,6 +310,13 @@ class Watch:
     def original(self, torch):
         """The function that runs attention (never the wrapper)."""
         return self._original if self._original is not None else torch.nn.functional.scaled_dot_product_attention
+
+
+def _seen_key(torch, args: tuple, kwargs: dict) -> tuple:
+    def part(x):
+        return (x.shape, x.stride(), x.dtype, x.device, x.requires_grad, type(x)) if isinstance(x, torch.Tensor) else x
+    return (tuple(map(part, args)), tuple((k, part(v)) for k, v in kwargs.items()), torch.is_grad_enabled(),
+            torch.is_autocast_enabled())
 
 
 def _keep(notebook: str, problems: list[dict]) -> None:

@@ -21,16 +21,19 @@ class CellsThread:
         self.kernel = None  # the ipykernel, set when gpuctx loads (its io_loop: once the kernel has started)
         self.idle = threading.Event()  # clear while a job runs (a suspend waits for it: Warmer.stop)
         self.idle.set()
-        self._jobs: list = []  # (step, fn)
+        self._jobs: list = []  # (step, fn, ready): ready() says why not now ("": go)
+        self.pending = 0  # jobs handed over and not yet run or skipped
+        self.user_gpu = False  # a GPU cell of the user's started while jobs were pending (Warmer.cell_started)
 
-    def add(self, step, fn) -> None:
-        self._jobs.append((step, fn))
+    def add(self, step, fn, ready=None) -> None:
+        self._jobs.append((step, fn, ready))
 
     def hand_over(self, warmer, thread) -> None:
         """Called by the warm-up's thread as it ends: run the jobs it left once it has exited."""
         jobs, self._jobs = self._jobs, []
         if not jobs:
             return
+        self.pending, self.user_gpu = len(jobs), False
         loop = getattr(self.kernel, "io_loop", None)
         give_up = time.monotonic() + GIVE_UP_S
 
@@ -38,35 +41,47 @@ class CellsThread:
             thread.join(1.0)
             while jobs and jobs[0][0].state != "planned":  # (skipped meanwhile: the warm-up stepped aside)
                 jobs.pop(0)
+            self.pending = len(jobs)
             if not jobs:
                 return
             with warmer._cond:
-                why = _why_not(warmer, thread, give_up)
+                why = _why_not(warmer, thread, give_up) or ("your own GPU cell started first" if self.user_gpu else None)
                 wait = None if why is not None else _wait(warmer)
                 cells = warmer._cells_started
                 if why is None and not wait:
                     self.idle.clear()  # (under the lock Warmer.stop takes: a suspend sees it)
             if why is not None:
                 _skip(jobs, why)
+                self.pending = 0
             elif wait:
                 _later(loop, wait, attempt, jobs)
             else:  # one job per turn: the loop takes a request that came meanwhile before the next
-                step, fn = jobs.pop(0)
+                step, fn, ready = jobs.pop(0)
                 try:
-                    warmer._run_step(step, fn, cells)  # (it records the step's time and state, restores the RNG)
+                    not_now = ready() if ready is not None else ""
+                    if not_now:
+                        step.state, step.detail = "skipped", not_now
+                    else:  # (it records the step's time and state, restores the RNG)
+                        warmer._run_step(step, fn, cells)
                 except Exception as exc:  # noqa: BLE001 — never into the kernel's event loop
                     step.state, step.detail = "skipped", f"{type(exc).__name__}: {exc}"
                 finally:
                     self.idle.set()
+                    self.pending = len(jobs)
                 if step.state == "failed":
                     _skip(jobs, "an earlier one failed")
+                    self.pending = 0
                 elif jobs:
                     _later(loop, BETWEEN_S, attempt, jobs)
 
         if loop is None:
             _skip(jobs, "no event loop of a kernel to run it in (not an ipykernel)")
-        else:
-            _later(loop, 0.0, attempt, jobs)
+            self.pending = 0
+            return
+        try:  # (from this thread: add_callback wakes the loop; call_later would wait for its next event)
+            loop.add_callback(attempt)
+        except RuntimeError as exc:
+            _skip(jobs, f"the kernel's event loop is gone ({exc})")
 
 
 def _later(loop, delay: float, fn, jobs) -> None:
@@ -101,6 +116,6 @@ def _wait(warmer) -> float:
 
 
 def _skip(jobs, why: str) -> None:
-    for step, _fn in jobs:
+    for step, *_ in jobs:
         if step.state == "planned":
             step.state, step.detail = "skipped", why

@@ -77,7 +77,7 @@ GPU_ENV_PREFIXES = ("CUDA_", "CUBLAS", "CUDNN", "NVIDIA_", "PYTORCH_", "TORCH_CU
 class Step:
     """One thing the warm-up does, and why (the notebook line that asked for it)."""
 
-    kind: str  # setup | import | framework | gpu | cpu
+    kind: str  # setup | import | framework | gpu | cpu | cells (run by the cells' thread: cells_thread.py)
     name: str  # what it does, as shown: "import transformers", "matmul bf16 on cuda:1"
     where: str = ""  # "cell 3, line 2", "warm_imports", "basic recipe"
     code: str = ""  # the notebook's line
@@ -218,10 +218,11 @@ def denied(module: str, deny) -> str | None:
 # -- the plan --------------------------------------------------------------------------------------
 def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), extra_imports=(),
            deny=DEFAULT_DENY, max_imports: int = MAX_IMPORTS, environ=None, installed=None,
-           cwd: str | None = None, facts: Facts | None = None, typed: bool = False) -> Plan:
+           cwd: str | None = None, facts: Facts | None = None, typed: bool = False, shapes: bool = True) -> Plan:
     """The `notebook` recipe's plan for the notebook at `path` (read now, from disk, unless its
     `facts` are given: cells a frontend holds that are not saved yet).
 
+    `shapes`: plan the attention shapes its last run noted (c.GpuWarmup.attention_shapes).
     `typed`: the facts are cells as typed, which may never run as they stand: the plan applies none
     of their settings (nor imports past them, nor GPU work past a GPU setting); the devices they
     name are for the caller to weigh (warm/typed.py).
@@ -285,7 +286,7 @@ def derive(path: str | None, *, frameworks_fallback=("torch",), extra_ops=(), ex
             plan.add(Step("framework", f"import {name}", where=where, code=code, framework=name, module=name))
     plan.frameworks = present
     if "torch" in present:
-        _torch_steps(plan, signals, extra_ops, used.get("torch"))
+        _torch_steps(plan, signals, extra_ops, used.get("torch"), shapes)
     for name in ("cupy", "jax", "numba"):
         if name in present:
             _other_steps(plan, name, signals, used.get(name))
@@ -533,7 +534,7 @@ def _torch_op(plan: Plan, op: str, where: str, code: str = "") -> None:
                   op=op, framework="torch"))
 
 
-def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
+def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None, shapes: bool = True) -> None:
     """torch on the GPU: what the notebook's cells will run first; CPU-only steps (the optimizer's
     torch._dynamo import, one training step on the CPU) also where no GPU is."""
     base = used or ("notebook", "")
@@ -554,8 +555,11 @@ def _torch_steps(plan: Plan, signals: dict, extra_ops, used=None) -> None:
     for op in _ordered(wanted):
         where, code = wanted[op]
         _torch_op(plan, op, where, code)
-    noted = attention.remembered(plan.notebook) if "attention" in wanted else []
-    if noted:  # (recipes/torch.py builds them; warm/attention.py noted them)
+    # what the notebook's last run noted (warm/attention.py; recipes/torch.py builds it): not where it
+    # compiles, nor once this kernel noted its own (its cells have built them)
+    watched = shapes and "attention" in wanted and "compile" not in wanted and not attention.WATCH.noted
+    noted = attention.remembered(plan.notebook) if watched else []
+    if noted:
         plan.add(Step("gpu", f"attention at the notebook's own shapes ({'; '.join(map(attention.describe, noted))})",
                       where="the notebook's last run", op="attention_shapes", framework="torch"))
     if "training" in signals:
@@ -585,7 +589,7 @@ def batches(steps: list[Step]):
     """Runs of consecutive steps of one sort: ("import", imports) or ("work", GPU/CPU work)."""
     out: list[tuple[str, list[Step]]] = []
     for step in steps:
-        if step.kind == "setup":
+        if step.kind in ("setup", "cells"):
             continue
         kind = "import" if step.kind in ("import", "framework") else "work"
         if out and out[-1][0] == kind:

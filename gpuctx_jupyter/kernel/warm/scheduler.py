@@ -251,7 +251,8 @@ class Warmer:
         with self._cond:
             self._cells += 1
             self._cells_started += 1
-            if not self.running:
+            if not self.running:  # (work left to the cells' thread is given up for a GPU cell of the user's)
+                self.cells_thread.user_gpu |= bool(self.cells_thread.pending and _GPU_CELL.search(source))
                 return
             if self._cell_started is None and self.status.first_cell_overlap is None:
                 self._cell_started = time.monotonic()
@@ -463,8 +464,8 @@ class Warmer:
     def import_module(self, step: Step) -> None:
         self._import(step)
 
-    def in_cells_thread(self, step: Step, fn) -> None:
-        self.cells_thread.add(step, fn)  # (cells_thread.py: once this thread has exited, no cell running)
+    def in_cells_thread(self, step: Step, fn, ready=None) -> None:
+        self.cells_thread.add(step, fn, ready)  # (cells_thread.py: once this thread has exited, no cell running)
 
     def unless_cells_since(self, cells: int, fn) -> bool:
         """Run `fn` while no cell can start (a cell's start waits for it); False, without running

@@ -33,8 +33,8 @@ def planner(cfg: GpuWarmup, path: str | None, facts: nbread.Facts | None = None,
         return lambda: plans.basic(frameworks, ops, imports)
     deny, most = tuple(cfg.import_deny), cfg.max_imports
     extra_ops = tuple(op for op in ops if op not in DEFAULT_OPS)
-    return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops,
-                                extra_imports=imports, deny=deny, max_imports=most, facts=facts, typed=typed)
+    return lambda: plans.derive(path, frameworks_fallback=frameworks, extra_ops=extra_ops, extra_imports=imports,
+                                deny=deny, max_imports=most, facts=facts, typed=typed, shapes=cfg.attention_shapes)
 
 
 def _off(cfg: GpuWarmup) -> str:

@@ -62,7 +62,7 @@ def accept(state, shell, content) -> dict:
     choice = getattr(state.switcher, "base", None)  # the kernel's own choice, not a %%on_gpu block's
     derived = typed_plan(cfg, path, facts, choice)
     warmer = state.warmer
-    new = [s for s in merge(derived, warmer.plan).steps if s.state == "planned"]
+    new = [s for s in merge(derived, warmer.plan).steps if s.state == "planned" and s.kind != "cells"]
     if not new:
         return {**reply, "warmup": warmer.status.state, "detail": "nothing new to warm for these cells"}
     warmer.import_budget = cfg.import_budget
@@ -206,6 +206,7 @@ def merge(derived: Plan, previous: Plan | None) -> Plan:
         else:
             steps.append(step)
     wanted = {key(s) for s in derived.steps}
-    done = [s for s in previous.steps if id(s) not in taken and key(s) not in wanted and s.state != "planned"]
+    done = [s for s in previous.steps if id(s) not in taken and key(s) not in wanted
+            and (s.state != "planned" or s.kind == "cells")]  # (the cells' thread still runs those)
     derived.steps = done + steps
     return derived

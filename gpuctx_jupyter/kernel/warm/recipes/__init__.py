@@ -43,9 +43,10 @@ class Run(Protocol):
     def unniced(self, fn):
         """`fn()` at the kernel's own CPU priority (for processes it starts that outlive the warm-up)."""
 
-    def in_cells_thread(self, step: Step, fn) -> None:
-        """Run `fn()` as `step` in the thread that runs cells, once this warm-up's thread has exited
-        and while no cell runs (what is kept per thread); skipped, saying why, where it cannot be."""
+    def in_cells_thread(self, step: Step, fn, ready=None) -> None:
+        """Run `fn()` as `step` (of kind "cells") in the thread that runs cells, once this warm-up's
+        thread has exited and while no cell runs (what is kept per thread); skipped, saying why,
+        where it cannot be, or where `ready()` then says why not."""
 
 
 class Recipe(Protocol):

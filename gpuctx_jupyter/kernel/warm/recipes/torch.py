@@ -221,15 +221,22 @@ def _notebook_attention(run, step: Step, torch, dev) -> None:
     if not problems:
         step.state = "skipped"
         return
-    there = [Step("gpu", f"its forward in the cells' thread ({attention.describe(p)})", where=step.where,
+    there = [Step("cells", f"its forward in the cells' thread ({attention.describe(p)})", where=step.where,
                   op="attention_cells", framework="torch",
                   detail="kept per thread: once this warm-up has exited, while no cell runs") for p in problems]
     at = run.plan.steps.index(step) + 1
     run.plan.steps[at:at] = there
-    ran = run.phase(step, lambda: [attention.run(torch, dev, p, backward=True) for p in problems], handles=True)
+
+    def build():
+        for problem in problems:  # (a GPU cell of the user's meanwhile: the rest is left to it)
+            if not run.user_gpu:
+                attention.run(torch, dev, problem, backward=True)
+
+    ran = run.phase(step, build, handles=True) and not run.user_gpu
     for later, problem in zip(there, problems):
         if ran:
-            run.in_cells_thread(later, attention.in_cells_thread(torch, dev, problem))
+            run.in_cells_thread(later, attention.in_cells_thread(torch, dev, problem),
+                                ready=lambda p=problem: attention.fitting(torch, dev, [p])[1])
         elif later.state == "planned":
             later.state, later.detail = "skipped", step.detail or "the warm-up's own run of it did not happen"
 
