@@ -43,6 +43,7 @@ MAX_CELLS = 30  # a watch that has noted nothing in this many cells ends
 MAX_BYTES = 1 << 30  # a problem whose tensors take more is not built ahead
 FOLDER = os.path.join("gpuctx", "attention")  # under Jupyter's data folder
 _ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+_BYTES = {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}  # the dtypes a record may name
 
 
 # -- what is kept -----------------------------------------------------------------------------------
@@ -89,7 +90,7 @@ def _layout(t) -> dict:
 def _valid_layout(x) -> bool:
     ints = lambda v: isinstance(v, list) and all(isinstance(i, int) and i >= 0 for i in v)  # noqa: E731
     return (isinstance(x, dict) and ints(x.get("size")) and ints(x.get("stride"))
-            and len(x["size"]) == len(x["stride"]) <= 8 and isinstance(x.get("dtype"), str) and x["dtype"].isidentifier())
+            and len(x["size"]) == len(x["stride"]) <= 8 and x.get("dtype") in _BYTES)
 
 
 def _valid(p) -> bool:
@@ -98,7 +99,7 @@ def _valid(p) -> bool:
             and isinstance(p.get("dropout"), (int, float)) and isinstance(p.get("causal"), bool)
             and isinstance(p.get("grad"), bool) and (p.get("scale") is None or isinstance(p["scale"], (int, float)))
             and isinstance(p.get("gqa", False), bool)
-            and all(p.get(k) is None or (isinstance(p[k], str) and p[k].isidentifier()) for k in ("autocast", "backend")))
+            and p.get("autocast") in (None, *_BYTES) and (p.get("backend") is None or isinstance(p["backend"], str)))
 
 
 def problem_of(torch, args: tuple, kwargs: dict) -> dict | None:
@@ -350,13 +351,12 @@ PER_PROBLEM = "CUDNN_ATTENTION"  # the backend that builds per problem: the othe
 
 
 def nbytes(problem: dict) -> int:
-    sizes = {"bool": 1, "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
     total = 0
     for key in ("q", "k", "v", "mask", "grad_out"):
         lay = problem.get(key)
         if lay:
             span = 1 + sum((s - 1) * st for s, st in zip(lay["size"], lay["stride"]) if s)
-            total += span * sizes.get(lay["dtype"], 4)
+            total += span * _BYTES[lay["dtype"]]
     return total * (3 if problem["grad"] else 2)  # the output, the gradients
 
 
