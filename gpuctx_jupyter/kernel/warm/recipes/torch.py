@@ -219,7 +219,7 @@ def _notebook_attention(run, step: Step, torch, dev) -> None:
     problems, left = attention.fitting(torch, dev, attention.remembered(run.plan.notebook))
     step.detail = left
     if not problems:
-        step.state = "skipped"
+        step.state, step.detail = "skipped", left or "its record is gone"
         return
     there = [Step("cells", f"its forward in the cells' thread ({attention.describe(p)})", where=step.where,
                   op="attention_cells", framework="torch",
