@@ -22,8 +22,13 @@ class CellsThread:
         self.idle = threading.Event()  # clear while a job runs (a suspend waits for it: Warmer.stop)
         self.idle.set()
         self._jobs: list = []  # (step, fn, ready): ready() says why not now ("": go)
-        self.pending = 0  # jobs handed over and not yet run or skipped
+        self._handed: list = []  # the steps of the jobs handed over last
         self.user_gpu = False  # a GPU cell of the user's started while jobs were pending (Warmer.cell_started)
+
+    @property
+    def pending(self) -> bool:
+        """Jobs handed over and not yet run or skipped."""
+        return any(step.state == "planned" for step in self._handed)
 
     def add(self, step, fn, ready=None) -> None:
         self._jobs.append((step, fn, ready))
@@ -33,7 +38,7 @@ class CellsThread:
         jobs, self._jobs = self._jobs, []
         if not jobs:
             return
-        self.pending, self.user_gpu = len(jobs), False
+        self._handed, self.user_gpu = [step for step, *_ in jobs], False
         loop = getattr(self.kernel, "io_loop", None)
         give_up = time.monotonic() + GIVE_UP_S
 
@@ -41,7 +46,6 @@ class CellsThread:
             thread.join(1.0)
             while jobs and jobs[0][0].state != "planned":  # (skipped meanwhile: the warm-up stepped aside)
                 jobs.pop(0)
-            self.pending = len(jobs)
             if not jobs:
                 return
             with warmer._cond:
@@ -52,7 +56,6 @@ class CellsThread:
                     self.idle.clear()  # (under the lock Warmer.stop takes: a suspend sees it)
             if why is not None:
                 _skip(jobs, why)
-                self.pending = 0
             elif wait:
                 _later(loop, wait, attempt, jobs)
             else:  # one job per turn: the loop takes a request that came meanwhile before the next
@@ -67,16 +70,13 @@ class CellsThread:
                     step.state, step.detail = "skipped", f"{type(exc).__name__}: {exc}"
                 finally:
                     self.idle.set()
-                    self.pending = len(jobs)
                 if step.state == "failed":
                     _skip(jobs, "an earlier one failed")
-                    self.pending = 0
                 elif jobs:
                     _later(loop, BETWEEN_S, attempt, jobs)
 
         if loop is None:
             _skip(jobs, "no event loop of a kernel to run it in (not an ipykernel)")
-            self.pending = 0
             return
         try:  # (from this thread: add_callback wakes the loop; call_later would wait for its next event)
             loop.add_callback(attempt)
