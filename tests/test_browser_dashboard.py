@@ -16,6 +16,7 @@ from .harness.browser import (
     axe_violations,
     command,
     decline_news,
+    focus_current,
     kernel_idle,
     notebook_with,
     open_panel,
@@ -130,8 +131,7 @@ def dashboard_tabs(page) -> list[dict]:
 
 def test_the_dashboard_opens_from_the_palette_the_panel_and_the_status_bar_once(lab, page, browser):
     # from the command palette, as a person opens it
-    page.evaluate("() => window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.activateById("
-                  "window.jupyterapp.shell.currentWidget.id)")
+    focus_current(page)
     page.keyboard.press("Control+Shift+C")
     palette = page.locator(".lm-CommandPalette-input")
     palette.wait_for(state="visible")

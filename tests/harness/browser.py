@@ -179,6 +179,16 @@ def command(page, name: str, args: dict | None = None) -> None:
     page.evaluate("([c, a]) => window.jupyterapp.commands.execute(c, a).then(() => null)", [name, args or {}])
 
 
+def focus_current(page) -> None:
+    """Give the keyboard to the main area's current widget, as a click on it would, and wait until
+    it has it. Lumino activates a widget on a later frame: a key pressed before then opens, say,
+    the command palette, and the activation then takes the focus back and the palette closes."""
+    page.wait_for_function(
+        "() => { const s = window.jupyterapp.shell, w = s.currentWidget; if (!w) return false;"
+        " if (!w.node.contains(document.activeElement)) s.activateById(w.id);"
+        " return w.node.contains(document.activeElement); }", timeout=30_000)
+
+
 def set_theme(page, theme: str, light: bool) -> None:
     """Switch JupyterLab's theme and return once it is in place and the switch is over."""
     command(page, "apputils:change-theme", {"theme": theme})
