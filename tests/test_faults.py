@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -238,6 +239,41 @@ def test_sigterm_while_the_pool_fills_leaves_nothing(faulty):
     srv = faulty("--GpuctxServer.pool_size=2", "--GpuctxServer.warm_policy=always")
     pids = list(wait_for(lambda: kernel_processes(srv), timeout=60))  # starting, not ready
     stop_and_check(srv, pids + list(kernel_processes(srv)))
+
+
+
+def test_a_server_stopped_with_a_request_in_flight_still_exits(faulty, tmp_path):
+    """jupyter_server runs the blocking part of many requests (file reads, the exporter list
+    JupyterLab asks for on each load) in anyio's worker threads; one in flight when the server
+    stopped used to keep the process alive for ever after its kernels were shut down."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    srv = faulty("--ServerApp.jpserver_extensions=tests.harness.slow_request=True", "--GpuctxServer.pool_size=1",
+                 env=env)
+    ready_standbys(srv)
+    pids = list(kernel_processes(srv))  # the standby's; no notebook is open
+    release = tmp_path / "release"
+    answered = threading.Thread(target=lambda: srv.api("GET", f"/slow-request?until={release}", timeout=120),
+                                daemon=True)
+    answered.start()
+    wait_for(lambda: "slow request: a worker thread waits" in srv.log(), timeout=30)
+    srv.proc.terminate()
+    # the loop stops once the kernels are shut down; the request's thread is still at its work
+    try:
+        wait_for(lambda: srv.proc.poll() is not None or "worker thread of requests in flight told to end" in srv.log(),
+                 timeout=60)
+    except AssertionError:
+        pass  # (then the thread is left waiting: the wait below says what that does)
+    release.touch()  # its work ends, after the loop: nothing will ever hand that thread more
+    try:
+        srv.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the server did not exit after SIGTERM: {srv.log()[-2000:]}") from None
+    # and nothing the warm pool started outlives the server
+    wait_for(lambda: not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE],
+             timeout=20)
+    assert connection_files(srv) == set()
+    assert "Traceback" not in srv.log()
 
 
 # -- 5: broken kernelspecs -------------------------------------------------------------------------

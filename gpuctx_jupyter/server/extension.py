@@ -19,6 +19,8 @@ given what it needs through its constructor. Read this file to see how the piece
   typed cells    typed_cells.TypedCells: a notebook's cells as they are typed, on their way to its
                  kernel (one message in flight per kernel, the latest waiting)
   API            gpu_api.GpuApi (the snapshot) and routes/ (REST and websocket), metrics.py
+  exit           prompt_exit: once the server's loop has stopped, the threads of requests that
+                 were in flight are told to end, so that the process exits
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ..contract import (ADOPT_REPLY, ADOPT_REQUEST, CELLS_REPLY, CELLS_REQUEST, 
 from ..core import inventory
 from ..core.sampler import process_sampler
 from ..core.trace import Replay
-from . import jupyter_internals, kernel_client, metrics, nodelay, provisioner, release, routes, suspend
+from . import jupyter_internals, kernel_client, metrics, nodelay, prompt_exit, provisioner, release, routes, suspend
 from .checkpointer import HelperCheckpointer
 from .config import GpuctxServer
 from .culling import GpuCuller
@@ -109,8 +111,10 @@ def load(serverapp) -> Server:
     history = _history(serverapp, cfg, replay)
     lifecycle = Lifecycle(mkm, launcher, background, pool, gateway, suspend=suspender,
                           on_shutdown=[holders.stop, suspender.stop, notebooks.close, lambda: provisioner.detach(mkm),
-                                       *([history.stop] if history else [])])
+                                       *([history.stop] if history else []),
+                                       lambda: prompt_exit.end_workers_after_stop(log)])
     lifecycle.install()
+    jupyter_internals.shutdown_all_at_stop(serverapp)
 
     async def release_kernel(kernel_id: str) -> dict:
         kernel = kernel_client.find(mkm, kernel_id)

@@ -5,7 +5,10 @@ Launching kernels from the warm pool goes through jupyter_client's public provis
 - after a restart served by a standby the kernel listens on new ports, and jupyter_server's open
   websocket connections keep talking to the old ones: they are re-pointed here;
 - a standby's own kernel manager keeps a control socket to the process the server now owns: it is
-  closed here.
+  closed here;
+- the server's stop skips the kernel manager's `shutdown_all` when no kernel is open
+  (`ServerApp.cleanup_kernels` tests the manager's truth, and an empty one has length 0): gpuctx's
+  shutdown (the warm pool's standbys, its threads) is then called from here.
 Checked against jupyter_server 2.13–2.21 and jupyter_client 8.6–8.10; `missing()` names what a
 newer version no longer has, the server extension then turns the pool off with one log line, and
 tests/test_architecture.py fails loudly so the next upgrade is noticed.
@@ -14,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+
+from jupyter_core.utils import ensure_async
 
 CHECKED_AGAINST = "jupyter_server 2.13–2.21, jupyter_client 8.6–8.10"
 
@@ -35,6 +40,23 @@ def missing() -> list[str]:
     classes = {"ZMQChannelsWebsocketConnection": ZMQChannelsWebsocketConnection, "KernelManager": KernelManager}
     return [f"{owner}.{name}" for owner, names in _RELIED_ON.items() for name in names
             if not hasattr(classes[owner], name)]
+
+
+def shutdown_all_at_stop(serverapp) -> bool:
+    """Make the server's stop call its kernel manager's `shutdown_all` also when no kernel is open
+    (False: this jupyter_server has no `cleanup_kernels` to extend)."""
+    own = getattr(serverapp, "cleanup_kernels", None)
+    if not callable(own):
+        return False
+
+    async def cleanup_kernels():
+        km = getattr(serverapp, "kernel_manager", None)
+        if km is not None and not km:  # jupyter_server's own then returns at once
+            await ensure_async(km.shutdown_all())
+        return await own()
+
+    serverapp.cleanup_kernels = cleanup_kernels
+    return True
 
 
 def close_control(km) -> None:

@@ -9,7 +9,8 @@ is here, wrapped once, in this order, around jupyter_server's own methods:
                                       (now=True), and forgotten as suspended
                                    3. gateway kernels: the warm-up request after a (re)start
   start                            2. gateway kernels: the warm-up request after the start
-  shutdown_all                     the warm pool's processes first, then the holders round and
+  shutdown_all                     (once; also when no kernel is open: jupyter_internals.py)
+                                   the warm pool's processes first, then the holders round and
                                    the notebook reader stop, suspends and resumes in flight are
                                    pre-empted and their kernels, with the suspended ones, shut
                                    down at once (jupyter_server's shutdown_all would ask each
@@ -226,6 +227,7 @@ class Lifecycle:
         self.mkm, self.launcher, self.background, self.pool, self.gateway = mkm, launcher, background, pool, gateway
         self.suspend = suspend  # suspend.SuspendManager: its suspend and resume are actions too
         self.on_shutdown = list(on_shutdown)  # called after the pool is closed, before the tasks are awaited
+        self._shut_down = False
         self._own = {name: getattr(mkm, name) for name in (*ACTIONS, "start_kernel", "shutdown_all")}
         methods = {"interrupt_kernel": self._own["interrupt_kernel"], "restart_kernel": self._restart,
                    "shutdown_kernel": self._shutdown}
@@ -290,12 +292,14 @@ class Lifecycle:
             raise web.HTTPError(404, f"Kernel does not exist: {kernel_id}") from None
 
     async def shutdown_all(self, *args, **kwargs):
-        if self.pool is not None:
-            await self.pool.close()
-        for stop in self.on_shutdown:
-            stop()
-        await self._shutdown_at_once()
-        await self.background.drain()
+        if not self._shut_down:  # gpuctx's part once (the server's stop may ask twice: jupyter_internals)
+            self._shut_down = True
+            if self.pool is not None:
+                await self.pool.close()
+            for stop in self.on_shutdown:
+                stop()
+            await self._shutdown_at_once()
+            await self.background.drain()
         return await ensure_async(self._own["shutdown_all"](*args, **kwargs))
 
     async def _shutdown_at_once(self) -> None:
