@@ -21,16 +21,23 @@ import threading
 import time
 
 
-def end_workers_after_stop(log, poll: float = 0.1) -> threading.Thread | None:
+def end_workers_after_stop(log, poll: float = 0.1, within: float = 300.0) -> threading.Thread | None:
     """From the running event loop (the server's shutdown): watch it, and once it has stopped, tell
-    anyio's worker threads to end. None where this anyio has no such threads to tell."""
+    anyio's worker threads to end. None where this anyio has no such threads to tell. A loop that
+    runs on `within` s after the shutdown (a server embedded in a test suite) is left alone."""
     worker_class = _worker_class()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
     if worker_class is None:
         return None
-    loop = asyncio.get_running_loop()
 
     def watch() -> None:
+        deadline = time.monotonic() + within
         while loop.is_running():
+            if time.monotonic() > deadline:
+                return
             time.sleep(poll)
         told = 0
         for thread in threading.enumerate():
