@@ -5,10 +5,10 @@ checkpoints, nbconvert's list of exporters, which JupyterLab asks for on every p
 anyio's worker threads. Such a thread ends when its request's task ends. One whose request was in
 flight when the server's event loop stopped (SIGTERM, Ctrl-C twice, JupyterHub stopping a user's
 server) hands its result to a loop that no longer runs and then waits for more work for ever. It
-is not a daemon thread, so Python waits for it at exit: the process never ends after "Shutting
-down N kernels" (seen with `GET /api/nbconvert` sent 0.3 s before SIGTERM, with or without
-gpuctx). The kernels are shut down by then; what stays is the process and its port, until
-something kills it.
+is not a daemon thread, so Python waits for it at exit: the process never ends (seen with
+`GET /api/nbconvert` sent 0.3 s before SIGTERM, with or without gpuctx). The kernels are shut
+down by then; what stays is the process, and whatever it would only have ended at its exit,
+until something kills it.
 
 Once the loop has stopped nothing gives those threads work again, so each is told to end, as
 anyio tells it when a request's task ends (`WorkerThread.stop`: anyio has no public call for
