@@ -41,7 +41,8 @@ def end_workers_after_stop(log, poll: float = 0.1, within: float = 300.0) -> thr
             time.sleep(poll)
         told = 0
         for thread in threading.enumerate():
-            if isinstance(thread, worker_class) and thread.is_alive():
+            # (only the server loop's: another loop's threads are that loop's to end)
+            if isinstance(thread, worker_class) and thread.is_alive() and getattr(thread, "loop", loop) is loop:
                 try:
                     thread.stop()
                     told += 1
