@@ -63,24 +63,28 @@ def test_importing_the_server_side_loads_no_kernel_code_and_leaves_logging_alone
 def test_a_kernels_start_loads_what_it_needs_and_each_command_the_rest():
     """gpuctx is loaded into every kernel the server starts, before the kernel answers (readiness):
     what only a command, a request, an error or the workers need is imported when first needed — and
-    works then. `%%on_gpu` on one device needs none of it."""
+    works then. The GPU inventory (with NVML's bindings and the device records: a third of what
+    loading took) waits for the first command or the warm-up's GPU check; `%%on_gpu` on one device
+    needs nothing more."""
     later = ["kernel.doctor", "kernel.reports", "kernel.release", "kernel.workers", "kernel.hints", "kernel.oom",
              "kernel.adoption", "kernel.warm.typed", "core.checkpoint", "contract.holders"]
+    first_use = ["core.inventory", "core.nvml", "core.devices", "kernel.render"]
     code = ("import json, sys\n"
             "from IPython.testing.globalipapp import start_ipython\n"
             "ip = start_ipython()\n"
             "ip.run_line_magic('load_ext', 'gpuctx')\n"
             f"later = ['gpuctx_jupyter.' + m for m in {later!r}]\n"
+            f"at_load = [m for m in {first_use!r} if 'gpuctx_jupyter.' + m in sys.modules]\n"
             "ip.run_cell('%%on_gpu 0\\nx = 1')  # one device (here none: the cell runs on the CPU, and says why)\n"
             "at_start = [m for m in later if m in sys.modules]\n"
             "for line in ('help', 'doctor', 'status', 'mem', 'free'):\n"
             "    ip.run_line_magic('gpu', line)\n"
             "failed = ip.run_cell('1 / 0').error_in_exec is not None\n"
-            "print(json.dumps([at_start, [m for m in later if m in sys.modules], failed]))\n")
+            "print(json.dumps([at_load, at_start, [m for m in later if m in sys.modules], failed]))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    at_start, after, failed = json.loads(out.stdout.strip().splitlines()[-1])
-    assert at_start == [] and failed
+    at_load, at_start, after, failed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert at_load == [] and at_start == [] and failed
     assert {m.removeprefix("gpuctx_jupyter.") for m in after} >= {
         "kernel.doctor", "kernel.reports", "kernel.release", "kernel.workers", "kernel.hints", "kernel.oom"}, after
     assert "warm-up:" in out.stdout and "gpuctx doctor" in out.stdout.lower(), out.stdout[-2000:]

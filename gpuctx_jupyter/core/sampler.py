@@ -9,9 +9,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from . import inventory
-from .devices import GpuRecord
+if TYPE_CHECKING:  # (imported on the first read: every kernel makes its sampler as gpuctx loads)
+    from .devices import GpuRecord
+    from .inventory import Inventory
 
 log = logging.getLogger("gpuctx")
 
@@ -21,7 +23,7 @@ class Sample:
     """One read of every GPU: what the viewers get on each tick."""
 
     t: float  # time.time()
-    inventory: inventory.Inventory
+    inventory: Inventory
     cost_s: float = 0.0  # CPU time the read took in the sampler thread
 
     @property
@@ -70,8 +72,8 @@ class History:
 class Sampler:
     """A daemon thread that reads NVML every `interval` seconds while anyone subscribes."""
 
-    def __init__(self, history_seconds: float = 600.0, read=inventory.take):
-        self._read = read
+    def __init__(self, history_seconds: float = 600.0, read=None):
+        self._read = read  # None: NVML and the frameworks (inventory.take)
         self._listeners: dict[int, _Listener] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -85,7 +87,7 @@ class Sampler:
         return self._thread is not None and self._thread.is_alive()
 
     def set_source(self, read) -> None:
-        """Read from elsewhere than NVML (an explicit, labelled trace replay)."""
+        """Read from elsewhere than NVML (an explicit, labelled trace replay; None: NVML again)."""
         self._read = read
 
     @property
@@ -127,9 +129,11 @@ class Sampler:
                 continue
             t0 = time.thread_time()
             try:
-                inv = self._read()
+                inv = self._read() if self._read is not None else _read_gpus()
             except Exception as exc:  # a driver reload or a lost GPU: show it, keep sampling
-                inv = inventory.Inventory(nvml_error=f"reading the GPUs failed: {type(exc).__name__}: {exc}")
+                from .inventory import Inventory
+
+                inv = Inventory(nvml_error=f"reading the GPUs failed: {type(exc).__name__}: {exc}")
             sample = Sample(time.time(), inv)
             sample.cost_s = time.thread_time() - t0
             self.latest = sample
@@ -149,6 +153,13 @@ class Sampler:
                         lis.failed = True
                         log.warning("gpuctx: a GPU viewer failed on a sample (later failures of it are "
                                     "not logged)", exc_info=True)
+
+
+def _read_gpus() -> Inventory:
+    """NVML and the frameworks, imported on the first read (not as a kernel loads gpuctx)."""
+    from . import inventory
+
+    return inventory.take()
 
 
 _process_sampler: Sampler | None = None

@@ -9,14 +9,13 @@ line of `UsageError` that says what to do.
 from __future__ import annotations
 
 import argparse
-import difflib
 import re
 import shlex
 import textwrap
 from dataclasses import dataclass
+from functools import cached_property
 
 from IPython.core.error import UsageError
-from IPython.core.magic_arguments import MagicArgumentParser
 
 from ..contract import FRAMEWORKS
 
@@ -39,10 +38,23 @@ class Example:
 class Command:
     name: str
     summary: str  # one line: what it is for
-    parser: MagicArgumentParser
+    arguments: tuple  # `arg(...)`s, and lists of them for options that exclude each other
     handler: str  # the GpuMagics method that runs it with the parsed arguments
     examples: tuple[Example, ...]
     cell: bool = False  # a cell magic (%%name), not a %gpu subcommand
+
+    @cached_property
+    def parser(self) -> argparse.ArgumentParser:
+        """Built when the command is first used or its help shown: the parsers of the whole table
+        were an eighth of what loading gpuctx adds to every kernel's start."""
+        from IPython.core.magic_arguments import MagicArgumentParser
+
+        parser = MagicArgumentParser(prog=self.title, description=self.summary, formatter_class=_HelpFormatter)
+        for entry in self.arguments:
+            target = parser.add_mutually_exclusive_group() if isinstance(entry, list) else parser
+            for flags, kwargs in entry if isinstance(entry, list) else [entry]:
+                target.add_argument(*flags, **kwargs)
+        return parser
 
     @property
     def title(self) -> str:
@@ -84,13 +96,7 @@ def _command(name: str, summary: str, examples: list[tuple[str, str]], arguments
              handler: str | None = None) -> Command:
     """A table entry; `arguments` holds `arg(...)`s, and lists of them for options that exclude each other."""
     exs = tuple(Example(call, says) for call, says in examples)
-    parser = MagicArgumentParser(prog=f"%%{name}" if cell else f"%gpu {name}", description=summary,
-                                 formatter_class=_HelpFormatter)
-    for entry in arguments:
-        target = parser.add_mutually_exclusive_group() if isinstance(entry, list) else parser
-        for flags, kwargs in entry if isinstance(entry, list) else [entry]:
-            target.add_argument(*flags, **kwargs)
-    return Command(name, summary, parser, handler or f"_gpu_{name}", exs, cell)
+    return Command(name, summary, tuple(arguments), handler or f"_gpu_{name}", exs, cell)
 
 
 SPEC_HELP = "1, cuda:1, a GPU UUID or prefix, a unique name fragment (h200), or auto"
@@ -236,6 +242,8 @@ def lookup(name: str) -> Command:
         return command
     if name.lstrip("%") == "on_gpu":
         raise UsageError("on_gpu is a cell magic: put `%%on_gpu 1` on the first line of the cell")
+    import difflib  # only for a mistake: kept out of every kernel's start
+
     close = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
     hint = f" — did you mean `%gpu {close[0]}`?" if close else ""
     raise UsageError(f"unknown %gpu subcommand {name!r}{hint} "
@@ -255,6 +263,8 @@ def help_for(name: str, width: int = 96) -> str:
     """`%gpu help NAME`: one command's usage, options and examples."""
     command = BY_NAME.get(name.lstrip("%"))
     if command is None:
+        import difflib
+
         close = difflib.get_close_matches(name, list(BY_NAME), n=1)
         hint = f" — did you mean `%gpu help {close[0]}`?" if close else ""
         raise UsageError(f"no help for {name!r}{hint} (try `%gpu help` or `%gpu help use`)")

@@ -2,7 +2,8 @@
 reports from `reports`, device switching and the warm-up through the kernel's `KernelState`.
 
 Loaded with every kernel the server starts, before it answers: what only a command needs
-(reports, doctor, release, the workers) is imported when the command first runs."""
+(reports, doctor, release, the workers, and the GPU inventory with NVML's bindings, a third of
+gpuctx's load before) is imported when the command first runs."""
 from __future__ import annotations
 
 import ast
@@ -17,15 +18,13 @@ from traitlets import Bool, observe
 
 from ..contract import DEFAULT_OPS, FRAMEWORKS
 from ..core import frameworks as fws
-from ..core import inventory
-from ..core.devices import SpecError, parse_spec, read_spec
 from . import commands
-from .render import gib, signed
 from .state import KernelState
 from .switching import Choice, Switcher
 from .warm.scheduler import Warmer
 
 if TYPE_CHECKING:
+    from ..core.inventory import Inventory
     from .workers import GpuWorkers
 
 
@@ -86,14 +85,19 @@ class GpuMagics(Magics):
         print(commands.help_for(args.subcommand, width) if args.subcommand else commands.overview(width))
 
     def _gpu_list(self, args):
+        from ..core import inventory
+
         display(self._list_report(inventory.take()))
 
-    def _list_report(self, inv: inventory.Inventory):
+    def _list_report(self, inv: Inventory):
         from . import reports
 
         return reports.list_report(inv, self.switcher)
 
-    def _resolve(self, spec: str, inv: inventory.Inventory | None = None):
+    def _resolve(self, spec: str, inv: Inventory | None = None):
+        from ..core import inventory
+        from ..core.devices import SpecError, parse_spec, read_spec
+
         try:
             read_spec(spec)  # a spec that names nothing is wrong on every machine: say so first
         except SpecError as exc:
@@ -120,6 +124,8 @@ class GpuMagics(Magics):
             if args.no_default:
                 self._undo_default()
             return
+        from .render import gib
+
         _, dev = self._resolve(args.spec)
         follow = self.follow_threads and not args.no_threads
         self._apply_follow_threads(follow)
@@ -167,6 +173,7 @@ class GpuMagics(Magics):
         return "threads started from now on begin on CUDA's device 0 (call torch.cuda.set_device there)"
 
     def _gpu_status(self, args):
+        from ..core import inventory
         from . import reports
 
         report = reports.status_report(inventory.take(), self.switcher, self.warmer.status, self.warmer.plan_lines(),
@@ -174,6 +181,7 @@ class GpuMagics(Magics):
         display(self.workers.extend_status(report))
 
     def _gpu_mem(self, args):
+        from ..core import inventory
         from . import reports
 
         display(reports.memory_report(inventory.take()))
@@ -185,6 +193,8 @@ class GpuMagics(Magics):
         print(release.describe(release.release_memory(self.shell)))
 
     def _gpu_warm(self, args):
+        from ..core import inventory
+
         names = [n.strip() for n in args.frameworks.split(",") if n.strip()]
         if not names:
             raise UsageError(f"--frameworks names none: give one or more of {', '.join(FRAMEWORKS)}, comma-separated")
@@ -219,6 +229,9 @@ class GpuMagics(Magics):
             raise UsageError(f"--interval {args.interval:g} is out of range: give seconds between 0.05 and 3600")
         if not args.interval <= args.history <= 86400:
             raise UsageError(f"--history {args.history:g} must be at least the interval and at most 86400 s")
+        from ..core import inventory
+        from ..core.devices import SpecError, parse_spec, read_spec
+
         for spec in args.specs:
             try:
                 read_spec(spec)
@@ -247,6 +260,7 @@ class GpuMagics(Magics):
         self.workers.command(args)
 
     def _gpu_doctor(self, args):
+        from ..core import inventory
         from . import doctor
 
         display(doctor.report(doctor.diagnose(inventory.take(), self.warmer.status)))
@@ -256,6 +270,9 @@ class GpuMagics(Magics):
         """Plain ordinals skip NVML: `%%on_gpu 1` must cost well under a millisecond. The spec is
         read by `read_spec`, as every magic reads it; a visible ordinal is checked against a
         cached device count, anything else goes the slow way."""
+        from ..core import inventory
+        from ..core.devices import SpecError, read_spec
+
         try:
             parsed = read_spec(spec)
         except SpecError as exc:
@@ -281,6 +298,8 @@ class GpuMagics(Magics):
             raise UsageError("--timeout is for the workers: `%%on_gpu all --timeout 600`")
         ordinal = self._fast_ordinal(args.spec)
         if ordinal is None:
+            from ..core import inventory
+
             inv = inventory.take()
             reason = inv.no_gpu_reason()
             if reason:
@@ -417,6 +436,8 @@ class _MemMeter:
 
     def stop(self) -> list[str]:
         figures = self._figures()
+        from .render import signed
+
         return [f"peak {signed(figures.peak - self._before)}", f"net {signed(figures.allocated - self._before)}"]
 
     def _figures(self) -> fws.AllocatorFigures:

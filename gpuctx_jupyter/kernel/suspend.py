@@ -48,15 +48,19 @@ import sys
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 from ..contract import SUSPEND_STATES
-from ..core import inventory
 from ..core.sampler import process_sampler
 from . import kernel_view
 from .state import of as state_of
-from .render import gib
 
-# core.checkpoint, oom and release are imported when a suspend is asked for: this module is loaded
-# with every kernel the server starts, before it answers (readiness).
+if TYPE_CHECKING:
+    from ..core.inventory import Inventory
+
+# core.checkpoint, oom and release are imported when a suspend is asked for, the GPU inventory on
+# the sampler's first read: this module is loaded with every kernel the server starts, before it
+# answers (readiness).
 
 RUNNING, SUSPENDING, SUSPENDED, RESUMING = SUSPEND_STATES
 # Shell requests that never run the user's code: answered as they come, also while suspended.
@@ -381,6 +385,7 @@ class Gate:
     @staticmethod
     def _note_text(result: dict, since: float | None) -> str:
         from .oom import duration
+        from .render import gib
 
         moved = sum((result.get("moved") or {}).values())
         back = f" — {gib(moved)} back on the GPU" if moved else ""
@@ -418,7 +423,7 @@ class Gate:
         log.warning("gpuctx: a %s was not run: %s", msg_type or "request", text)
 
     # -- the process's sampler ---------------------------------------------------------------------------
-    def read_inventory(self) -> inventory.Inventory:
+    def read_inventory(self) -> Inventory:
         """The sampler's source: NVML and torch as usual while running; while suspended the sampler
         thread waits here, so that a monitor keeps its last sample (its time stops) and nothing of
         it calls a GPU library until the kernel is back."""
@@ -426,6 +431,8 @@ class Gate:
             while self.state != RUNNING:
                 self._cond.wait()
             self._reads += 1
+        from ..core import inventory
+
         try:
             return inventory.take()
         finally:
@@ -524,7 +531,7 @@ def install(ip, state) -> Gate | None:
                 else:
                     delattr(kernel, name)  # back to the class's method
         ip.events.unregister("pre_run_cell", gate.print_note)
-        process_sampler().set_source(inventory.take)
+        process_sampler().set_source(None)
         gate.close()
 
     gate.uninstall = uninstall

@@ -2,7 +2,7 @@
 the notebook's, else the kernel's — each batch of it handed to the frameworks' recipes there."""
 from __future__ import annotations
 
-from ...core import cuda_driver, inventory
+from ...core import cuda_driver
 from ...core import frameworks as fws
 from .plan import Plan, Step
 from .recipes import RECIPES, recipe
@@ -17,6 +17,8 @@ def why_no_gpu_work(plan: Plan, imported, turn) -> tuple[str | None, bool]:
     if not plan.gpu:  # (a plan that imports only: no GPU work, whatever its steps)
         return f"imported {names} only; {plan.gpu_blocked or 'this plan does no GPU work'}", False
     turn(Step("gpu", "the GPU check"), heavy=False)  # (asking torch holds the GIL a while)
+    from ...core import inventory  # (in the warm-up's thread, after readiness: not at load)
+
     why = inventory.take().no_gpu_reason()
     if why:
         return f"imported {names} only; no GPU is visible: {why}", False
@@ -46,6 +48,7 @@ def devices_of(plan: Plan, device, switcher) -> list[int]:
     What the notebook names wins over the server's assignment: the kernel is started on it."""
     ordinals = []
     if plan.devices:
+        from ...core import inventory
         from ...core.devices import SpecError, parse_spec
 
         devices = inventory.take().devices

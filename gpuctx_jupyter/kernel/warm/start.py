@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING
 
 from ...contract import (DEFAULT_OPS, INDUCTOR_MODULE, SERVER_HOOK, SESSION, STANDBY, STANDBY_RECIPE, WARM_SOURCE,
                          WORKER_IMPORTS, opted_out)
-from ...core import inventory
-from ...core.devices import SpecError, parse_spec
 from ..switching import Choice
 from . import attention, settle
 from . import plan as plans
@@ -67,6 +65,9 @@ def configured_device(cfg: GpuWarmup) -> Choice | None:
     (else logged and ignored)."""
     if not cfg.device:
         return None
+    from ...core import inventory  # (not at load: with NVML's bindings, a third of what loading gpuctx took)
+    from ...core.devices import SpecError, parse_spec
+
     try:
         dev = parse_spec(cfg.device, inventory.take().devices)
     except SpecError as exc:
