@@ -12,7 +12,7 @@ import argparse
 import re
 import shlex
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 from IPython.core.error import UsageError
@@ -38,15 +38,15 @@ class Example:
 class Command:
     name: str
     summary: str  # one line: what it is for
-    arguments: tuple  # `arg(...)`s, and lists of them for options that exclude each other
+    # `arg(...)`s, and lists of them for options that exclude each other (their dicts: not compared)
+    arguments: tuple = field(compare=False, repr=False)
     handler: str  # the GpuMagics method that runs it with the parsed arguments
     examples: tuple[Example, ...]
     cell: bool = False  # a cell magic (%%name), not a %gpu subcommand
 
     @cached_property
     def parser(self) -> argparse.ArgumentParser:
-        """Built when the command is first used or its help shown: the parsers of the whole table
-        were an eighth of what loading gpuctx adds to every kernel's start."""
+        """Built when the command is first used or its help shown, not as every kernel loads gpuctx."""
         from IPython.core.magic_arguments import MagicArgumentParser
 
         parser = MagicArgumentParser(prog=self.title, description=self.summary, formatter_class=_HelpFormatter)
