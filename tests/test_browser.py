@@ -123,3 +123,56 @@ def test_the_stream_runs_only_while_something_shows_it(lab, browser):
     until(lambda: len(streams) > opened and open_streams(), "the stream did not come back with the status bar")
     assert browser.errors[errors:] == []
     page.close()
+
+
+HIDE_PAGE = """hidden => {
+  // what the browser does when its tab goes to the background, or comes back
+  Object.defineProperty(document, 'hidden', {configurable: true, get: () => hidden});
+  Object.defineProperty(document, 'visibilityState', {configurable: true, get: () => hidden ? 'hidden' : 'visible'});
+  document.dispatchEvent(new Event('visibilitychange'));
+}"""
+
+
+def test_a_page_in_a_background_tab_lets_its_stream_go_and_is_live_again_when_shown(lab, browser):
+    """Fifty tabs left in the background must cost the server nothing: a hidden page keeps its
+    stream a few seconds (a glance at another tab), then closes it; shown again, it reconnects at
+    once and the status bar is never shown stale for the time it was away."""
+    errors = len(browser.errors)
+    page = browser.page()
+    streams = []
+    page.on("websocket", lambda ws: streams.append(ws) if "/gpuctx/api/stream" in ws.url else None)
+    page.goto(f"{lab.url}/lab/tree/quiet.ipynb?reset&token={lab.token}")
+    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
+    kernel_idle(page)
+
+    def until(cond, what: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
+            page.wait_for_timeout(100)
+
+    def open_streams() -> list:
+        return [ws for ws in streams if not ws.is_closed()]
+
+    item = page.locator(".jp-gpuctx-status")
+    item.wait_for(state="visible")
+    until(open_streams, "no stream for the status bar")
+    page.evaluate(HIDE_PAGE, True)
+    hidden_at = time.monotonic()
+    until(lambda: not open_streams(), "a hidden page kept its stream")
+    assert time.monotonic() - hidden_at >= 4, "the stream went at once: a glance at another tab would reconnect"
+    page.wait_for_timeout(3000)  # away for longer than the stream's staleness (two intervals)
+    assert not open_streams()
+    opened = len(streams)
+    page.evaluate(HIDE_PAGE, False)
+    # at once, and without a stale moment: the status bar's text is watched from the first frame
+    page.evaluate("""() => { window.__gpuctxSeen = []; const item = document.querySelector('.jp-gpuctx-status');
+        const note = () => window.__gpuctxSeen.push(item.className + ' ' + item.textContent);
+        note(); new MutationObserver(note).observe(item, {subtree: true, childList: true, characterData: true,
+                                                          attributes: true}); }""")
+    until(lambda: len(streams) > opened and open_streams(), "the stream did not come back when the page was shown", 10)
+    page.wait_for_timeout(1500)
+    seen = page.evaluate("() => window.__gpuctxSeen")
+    assert seen and not [s for s in seen if "stale" in s.lower()], seen
+    assert browser.errors[errors:] == []
+    page.close()

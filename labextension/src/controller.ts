@@ -515,6 +515,10 @@ export class GpuController {
   }
 
   private _onStreamState(_: GpuStream, state: StreamState): void {
+    if (this._streamState === 'idle' && state !== 'idle') {
+      this._startedAt = this._now(); // started again (shown again, or a tab come back): not stale yet
+    }
+    this._streamState = state;
     if (state === 'open' && this._unreachable) {
       this.refreshKernelView(); // the server is back: do not wait out the back-off
     }
@@ -528,8 +532,14 @@ export class GpuController {
     return 2 * (stream.grantedInterval ?? stream.interval) * 1000;
   }
 
+  /** What staleness counts from: the last data, or the stream's start if later (none: no data yet). */
+  private _freshSince(): number | null {
+    return this._receivedAt === null ? null : Math.max(this._receivedAt, this._startedAt ?? this._receivedAt);
+  }
+
   private _checkStale(): void {
-    const stale = this._receivedAt !== null && this._now() - this._receivedAt > this._staleAfter();
+    const since = this._freshSince();
+    const stale = since !== null && this._now() - since > this._staleAfter();
     if (stale !== this._stale) {
       this._stale = stale;
       this._emitHealth();
@@ -568,7 +578,7 @@ export class GpuController {
     if (this._receivedAt === null || this._stale || !this._options.stream.wanted || this._disposed) {
       return;
     }
-    const due = Math.max(0, this._receivedAt + this._staleAfter() - this._now()) + 1;
+    const due = Math.max(0, this._freshSince()! + this._staleAfter() - this._now()) + 1;
     this._watchdog = this._setTimeout(() => {
       this._watchdog = null;
       this._armWatchdog();
@@ -762,6 +772,8 @@ export class GpuController {
   private _cullWarned = new Set<string>();
   private _unreachable = false;
   private _receivedAt: number | null = null;
+  private _startedAt: number | null = null;
+  private _streamState: StreamState = 'idle';
   private _stale = false;
   private _watchdog: unknown = null;
   private _ticker: unknown = null;

@@ -181,6 +181,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     panel.visibilityChanged.connect((_, visible) => controller.setPanelVisible(visible));
     statusItem.visibilityChanged.connect((_, visible) => controller.setStatusVisible(visible));
+    // A page in a background tab shows nothing: its stream goes after a grace period (stream.ts).
+    document.addEventListener('visibilitychange', () => stream.setPageHidden(document.hidden));
+    stream.setPageHidden(document.hidden);
     panel.actionRequested.connect((_, request) => void controller.runAction(request));
     themes?.themeChanged.connect(() =>
       requestAnimationFrame(() => {

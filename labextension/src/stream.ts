@@ -2,7 +2,9 @@
  * The one connection to the server's GPU stream that the whole page shares.
  *
  * Open only while someone needs data (the panel is visible, or a status-bar item is on screen):
- * consumers say so with `demand(key, on)`. A dropped connection is retried with exponential
+ * consumers say so with `demand(key, on)`. A browser tab left in the background lets it go too,
+ * after a grace period (`setPageHidden`): fifty tabs open in the background cost the server
+ * nothing, and one shown again connects at once, its history filling the gap. A dropped connection is retried with exponential
  * back-off; a REST read fills the gap so that a newly shown panel is never empty while the
  * stream's first tick is on its way. That read is also how a refusal is told from an outage: a
  * browser says nothing about why a websocket failed, but a 403 on the read means the server
@@ -50,7 +52,12 @@ export interface IStreamOptions {
   random?: () => number;
   setTimeout?: (fn: () => void, ms: number) => unknown;
   clearTimeout?: (handle: unknown) => void;
+  /** How long a hidden page keeps its stream, ms (a glance at another tab costs no reconnect). */
+  hiddenGrace?: number;
 }
+
+/** A hidden page keeps its stream this long by default, ms. */
+export const HIDDEN_GRACE_MS = 5000;
 
 export class GpuStream {
   constructor(private _options: IStreamOptions) {
@@ -126,7 +133,37 @@ export class GpuStream {
   }
 
   get wanted(): boolean {
-    return this._demand.size > 0 && !this._disposed;
+    return this._demand.size > 0 && !this._away && !this._disposed;
+  }
+
+  /**
+   * The page was hidden (another browser tab, a minimised window: `document.hidden`), or shown
+   * again. Hidden for `hiddenGrace` ms, the stream stops as if nobody needed data; shown, it
+   * starts again at once (a REST read, then the connection with its history).
+   */
+  setPageHidden(hidden: boolean): void {
+    this._clearAwayTimer();
+    if (!hidden) {
+      if (this._away) {
+        this._away = false;
+        this._reconcile();
+      }
+      return;
+    }
+    if (this._away) {
+      return;
+    }
+    const set = this._options.setTimeout ?? ((fn, ms) => setTimeout(fn, ms));
+    this._awayTimer = set(() => {
+      this._awayTimer = null;
+      this._away = true;
+      this._reconcile();
+    }, this._options.hiddenGrace ?? HIDDEN_GRACE_MS);
+  }
+
+  /** Whether the stream is let go because the page is hidden. */
+  get away(): boolean {
+    return this._away;
   }
 
   /** A new refresh rate: reconnect with it if the stream is running. */
@@ -145,6 +182,7 @@ export class GpuStream {
   dispose(): void {
     this._disposed = true;
     this._demand.clear();
+    this._clearAwayTimer();
     this._stop();
     Signal.clearData(this);
   }
@@ -284,6 +322,13 @@ export class GpuStream {
     socket.close(1000, 'not needed');
   }
 
+  private _clearAwayTimer(): void {
+    if (this._awayTimer !== null) {
+      (this._options.clearTimeout ?? (h => clearTimeout(h as ReturnType<typeof setTimeout>)))(this._awayTimer);
+      this._awayTimer = null;
+    }
+  }
+
   private _setState(state: StreamState): void {
     if (state !== this._state) {
       this._state = state;
@@ -302,6 +347,8 @@ export class GpuStream {
   private _runs = 0;
   private _disposed = false;
   private _demand = new Set<string>();
+  private _away = false;
+  private _awayTimer: unknown = null;
   private _snapshot: ISnapshot | null = null;
   private _snapshotChanged = new Signal<this, ISnapshot>(this);
   private _stateChanged = new Signal<this, StreamState>(this);

@@ -412,6 +412,22 @@ describe('GpuController: the stream, staleness and the status bar', () => {
     t.controller.dispose();
   });
 
+  it('is not stale at once when the stream starts again after a pause (a tab shown again)', async () => {
+    const t = setup();
+    t.controller.setPanelVisible(true);
+    t.sockets[0].open();
+    t.sockets[0].send({ type: 'hello', interval: 1 });
+    t.sockets[0].send({ type: 'snapshot', ...twoGpus(100) });
+    t.controller.setPanelVisible(false); // nothing shows the data: the stream stops
+    await vi.advanceTimersByTimeAsync(60000);
+    t.controller.setPanelVisible(true); // started again: its data comes within an interval
+    expect(t.controller.health.stale).toBe(false);
+    expect(t.controller.health.state.kind).not.toBe('stale');
+    await vi.advanceTimersByTimeAsync(2001); // ... and when none comes, that is stale as ever
+    expect(t.controller.health.stale).toBe(true);
+    t.controller.dispose();
+  });
+
   it('uses the interval the server granted', async () => {
     const t = setup();
     t.controller.setPanelVisible(true);

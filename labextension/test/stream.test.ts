@@ -51,6 +51,36 @@ describe('GpuStream', () => {
     expect(stream.state).toBe('idle');
   });
 
+  it('lets the stream go once the page has been hidden a while, and comes back at once, history and all', async () => {
+    let reads = 0;
+    const { stream, sockets, timers } = setup(async () => {
+      reads++;
+      return twoGpus(100);
+    });
+    stream.setDetail({ history: 120, throughput: false });
+    stream.demand('panel', true);
+    sockets[0].open();
+    stream.setPageHidden(true); // another browser tab
+    stream.setPageHidden(false); // a glance: back within the grace period
+    expect(timers.map(t => [t.ms, t.cleared])).toEqual([[5000, true]]);
+    expect(sockets[0].closed).toBe(false);
+    stream.setPageHidden(true);
+    expect(sockets[0].closed).toBe(false);
+    timers[1].fn(); // hidden for the whole grace period
+    expect(sockets[0].closed).toBe(true);
+    expect(stream.state).toBe('idle');
+    expect(stream.away).toBe(true);
+    stream.demand('statusbar', true); // a page nobody sees opens nothing, whatever it shows
+    expect(sockets).toHaveLength(1);
+    const before = reads;
+    stream.setPageHidden(false);
+    await Promise.resolve();
+    expect(sockets).toHaveLength(2);
+    expect(sockets[1].url).toBe('ws://x/gpuctx/api/stream?interval=1&history=120'); // the gap, filled
+    expect(reads).toBe(before + 1);
+    expect(stream.away).toBe(false);
+  });
+
   it('closes a socket that is still connecting only once it is open (no browser error)', () => {
     // Chromium logs "WebSocket is closed before the connection is established" for a socket
     // closed during its handshake: the page's demand flips like this while JupyterLab loads.
