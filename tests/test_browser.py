@@ -121,8 +121,18 @@ def test_the_stream_runs_only_while_something_shows_it(lab, browser):
     command(page, "statusbar:toggle")
     item.wait_for(state="visible")
     until(lambda: len(streams) > opened and open_streams(), "the stream did not come back with the status bar")
+    # JupyterLab saves the toggle after showing it: a page closed before that save lands leaves the
+    # status bar hidden for every later page of this test process (it did, in CI)
+    until(lambda: statusbar_saved(lab) is not False, "the shown status bar was not saved")
     assert browser.errors[errors:] == []
     page.close()
+
+
+def statusbar_saved(lab) -> bool | None:
+    """The status bar's visibility as the server has it saved (None: never saved, shown)."""
+    status, plugin = lab.api("GET", "/lab/api/settings/@jupyterlab/statusbar-extension:plugin")
+    assert status == 200, plugin
+    return plugin.get("settings", {}).get("visible")
 
 
 HIDE_PAGE = """hidden => {
@@ -138,6 +148,7 @@ def test_a_page_in_a_background_tab_lets_its_stream_go_and_is_live_again_when_sh
     stream a few seconds (a glance at another tab), then closes it; shown again, it reconnects at
     once and the status bar is never shown stale for the time it was away."""
     errors = len(browser.errors)
+    assert statusbar_saved(lab) is not False, "an earlier test left the status bar hidden"
     page = browser.page()
     streams = []
     page.on("websocket", lambda ws: streams.append(ws) if "/gpuctx/api/stream" in ws.url else None)
