@@ -5,6 +5,7 @@ machine look the same), and that the panel's buttons really act on a running ker
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytest
 
@@ -89,27 +90,36 @@ def test_interrupt_from_the_panel_stops_a_running_cell(lab, page, browser):
     assert browser.errors == []
 
 
-def test_the_stream_runs_only_while_something_shows_it(lab, browser):
-    """No GPU panel on screen and the status bar hidden (View → Show Status Bar): nothing shows
-    the GPU data, so the page's stream closes; it opens again when the status bar is back."""
-    errors = len(browser.errors)
-    page = browser.page()  # a page and notebook of its own: the other tests' page keeps its layout
+def stream_watched_page(lab, browser):
+    """A page and notebook of its own (the other tests' page keeps its layout), and the list of the
+    GPU stream's websockets it opens."""
+    page = browser.page()
     streams = []
     page.on("websocket", lambda ws: streams.append(ws) if "/gpuctx/api/stream" in ws.url else None)
     page.goto(f"{lab.url}/lab/tree/quiet.ipynb?reset&token={lab.token}")
     page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
     kernel_idle(page)
+    return page, streams
 
-    def until(cond, what: str, timeout: float = 30) -> None:
-        """Wait for `cond()` while the page runs (Playwright hands over its events only in its calls)."""
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
-            page.wait_for_timeout(100)
 
-    def open_streams() -> list:
-        return [ws for ws in streams if not ws.is_closed()]
+def wait_on(page, cond, what: str, timeout: float = 30) -> None:
+    """Wait for `cond()` while the page runs (Playwright hands over its events only in its calls)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
+        page.wait_for_timeout(100)
 
+
+def still_open(streams) -> list:
+    return [ws for ws in streams if not ws.is_closed()]
+
+
+def test_the_stream_runs_only_while_something_shows_it(lab, browser):
+    """No GPU panel on screen and the status bar hidden (View → Show Status Bar): nothing shows
+    the GPU data, so the page's stream closes; it opens again when the status bar is back."""
+    errors = len(browser.errors)
+    page, streams = stream_watched_page(lab, browser)
+    until, open_streams = partial(wait_on, page), partial(still_open, streams)
     item = page.locator(".jp-gpuctx-status")
     item.wait_for(state="visible")
     assert not page.locator("#gpuctx-panel").is_visible()  # the file browser is the open sidebar
@@ -149,22 +159,8 @@ def test_a_page_in_a_background_tab_lets_its_stream_go_and_is_live_again_when_sh
     once and the status bar is never shown stale for the time it was away."""
     errors = len(browser.errors)
     assert statusbar_saved(lab) is not False, "an earlier test left the status bar hidden"
-    page = browser.page()
-    streams = []
-    page.on("websocket", lambda ws: streams.append(ws) if "/gpuctx/api/stream" in ws.url else None)
-    page.goto(f"{lab.url}/lab/tree/quiet.ipynb?reset&token={lab.token}")
-    page.locator(".jp-Notebook").first.wait_for(timeout=60_000)
-    kernel_idle(page)
-
-    def until(cond, what: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            assert time.monotonic() < deadline, f"timed out after {timeout:g} s: {what}"
-            page.wait_for_timeout(100)
-
-    def open_streams() -> list:
-        return [ws for ws in streams if not ws.is_closed()]
-
+    page, streams = stream_watched_page(lab, browser)
+    until, open_streams = partial(wait_on, page), partial(still_open, streams)
     item = page.locator(".jp-gpuctx-status")
     item.wait_for(state="visible")
     until(open_streams, "no stream for the status bar")

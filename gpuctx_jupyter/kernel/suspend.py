@@ -47,7 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-
 from typing import TYPE_CHECKING
 
 from ..contract import SUSPEND_STATES

@@ -4,9 +4,9 @@
  * Open only while someone needs data (the panel is visible, or a status-bar item is on screen):
  * consumers say so with `demand(key, on)`. A browser tab left in the background lets it go too,
  * after a grace period (`setPageHidden`): fifty tabs open in the background cost the server
- * nothing, and one shown again connects at once, its history filling the gap. A dropped connection is retried with exponential
- * back-off; a REST read fills the gap so that a newly shown panel is never empty while the
- * stream's first tick is on its way. That read is also how a refusal is told from an outage: a
+ * nothing, and one shown again connects at once, its history filling the gap. A dropped
+ * connection is retried with exponential back-off; a REST read fills the gap so that a newly
+ * shown panel is never empty while the stream's first tick is on its way. That read is also how a refusal is told from an outage: a
  * browser says nothing about why a websocket failed, but a 403 on the read means the server
  * refuses this page (its login expired), and the stream stops in `refused` instead of retrying,
  * until it next starts (a reload, or demand again after none). The socket and timers are
